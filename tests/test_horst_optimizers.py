@@ -1,0 +1,241 @@
+"""HORST, HAM, HORSTSGD and HORSTLion against plain references written here (DESIGN §2)."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+import horst
+from horst.mirror import exp_float32
+
+from horst_reference import (
+    HYPER, LRS, assert_close, gradients, make_params, max_abs_diff, reference_ham_step,
+    reference_horst_step, run, run_reference,
+)  # fmt: skip
+
+# ------------------------------------------------------------------------------ the tests
+
+
+def test_exp_float32_matches_exp():
+    x = torch.linspace(-87, 88, 200_001)
+    relative = (exp_float32(x).double() - torch.exp(x.double())) / torch.exp(x.double())
+    assert relative.abs().max().item() < 3e-7
+    assert torch.equal(exp_float32(torch.zeros(3)), torch.ones(3))
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+def test_horst_with_zero_alpha_beta_is_adamw_bit_for_bit(weight_decay):
+    kwargs = dict(lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=weight_decay)
+    expected, _ = run(lambda ps: torch.optim.AdamW(ps, **kwargs), steps=100, lrs=LRS * 5)
+    actual, _ = run(lambda ps: horst.HORST(ps, alpha=0.0, beta=0.0, fused=False, **kwargs), steps=100, lrs=LRS * 5)
+    for a, e in zip(actual, expected):
+        assert torch.equal(a, e)
+
+
+@pytest.mark.parametrize("order", ["ms", "sm"])
+def test_horst_matches_reference(order):
+    hyper = dict(alpha=20.0, beta=0.5, order=order)
+    actual, _ = run(
+        lambda ps: horst.HORST(ps, lr=LRS[0], betas=HYPER["betas"], eps=HYPER["eps"], weight_decay=HYPER["wd"],
+                               fused=False, **hyper),
+        steps=20, lrs=LRS,
+    )  # fmt: skip
+    expected = run_reference(reference_horst_step, 20, lrs=LRS, **HYPER, **hyper)
+    assert_close(actual, expected)
+    # and the mirror step did something: AdamW alone lands elsewhere
+    adamw, _ = run(lambda ps: torch.optim.AdamW(ps, lr=LRS[0], betas=HYPER["betas"], weight_decay=HYPER["wd"]),
+                   steps=20, lrs=LRS)  # fmt: skip
+    assert max_abs_diff(actual, adamw) > 1e-3
+
+
+def test_ham_matches_reference():
+    hyper = dict(alpha=200.0, beta=1e-3)  # the authors' defaults
+    lrs = [lr / 5 for lr in LRS]  # lr * alpha <= 0.44: larger steps make weights explode
+    actual, _ = run(
+        lambda ps: horst.HAM(ps, lr=lrs[0], betas=HYPER["betas"], eps=HYPER["eps"], weight_decay=HYPER["wd"],
+                             fused=False, **hyper),
+        steps=20, lrs=lrs,
+    )  # fmt: skip
+    expected = run_reference(reference_ham_step, 20, lrs=lrs, **HYPER, **hyper)
+    assert_close(actual, expected)
+
+
+def test_ham_clamps_the_exponent_at_5():
+    param = torch.nn.Parameter(torch.tensor([[1.0, -1.0, 1.0]]))
+    optimizer = horst.HAM([param], lr=0.1, weight_decay=0.0, alpha=1000.0, beta=0.0, fused=False)
+    param.grad = torch.tensor([[-1.0, -1.0, 1e-3]])  # lr*alpha*|g| = 100, 100, 0.1
+    optimizer.step()
+    # AdamW's first step moves each weight by lr * sign(g) (up to eps)
+    half = torch.tensor([1.1, -0.9, 0.9])
+    expected = half * torch.exp(torch.tensor([5.0, -5.0, -0.1 * 1000 * 1e-3]))
+    torch.testing.assert_close(param.detach()[0], expected, rtol=1e-5, atol=0)
+
+
+def test_hyperbolic_group_key_selects_mirrored_tensors():
+    vector = torch.nn.Parameter(torch.ones(4))
+    matrix = torch.nn.Parameter(torch.ones(2, 2))
+    forced = torch.nn.Parameter(torch.ones(4))
+    excluded = torch.nn.Parameter(torch.ones(2, 2))
+    optimizer = horst.HORST(
+        [{"params": [vector, matrix]}, {"params": [forced], "hyperbolic": True},
+         {"params": [excluded], "hyperbolic": False}],
+        lr=0.1, weight_decay=0.0, alpha=0.0, beta=1.0, fused=False,
+    )  # fmt: skip
+    for p in (vector, matrix, forced, excluded):
+        p.grad = torch.zeros_like(p)  # u = 0: only beta's shrinkage exp(-lr*beta) can move a weight
+    optimizer.step()
+    shrunk = math.exp(-0.1 * 1.0)
+    assert torch.equal(vector, torch.ones(4))  # 1-D: plain AdamW by default
+    assert torch.allclose(matrix, torch.full((2, 2), shrunk))
+    assert torch.allclose(forced, torch.full((4,), shrunk))
+    assert torch.equal(excluded, torch.ones(2, 2))
+
+
+def test_lr_scheduler_changes_the_step():
+    params = make_params()
+    optimizer = horst.HORST(params, lr=1e-2, fused=False)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: 0.5**k)
+    lrs = []
+    for step in range(1, 6):
+        for p, g in zip(params, gradients(params, step)):
+            p.grad = g
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    actual = [p.detach() for p in params]
+    expected = run_reference(reference_horst_step, 5, lrs=lrs, betas=(0.9, 0.999), eps=1e-8, wd=1e-2,
+                             alpha=10.0, beta=0.1, order="ms")  # fmt: skip
+    assert_close(actual, expected)
+
+
+def test_closure_is_evaluated_with_grad_enabled():
+    param = torch.nn.Parameter(torch.tensor([1.0, -2.0]))
+    optimizer = horst.HORST([param], lr=0.1, fused=False)
+
+    def closure():
+        optimizer.zero_grad()
+        loss = (param**2).sum()
+        loss.backward()
+        return loss
+
+    loss = optimizer.step(closure)
+    assert loss.item() == pytest.approx(5.0)
+    assert param.grad is not None and not torch.equal(param.detach(), torch.tensor([1.0, -2.0]))
+
+
+@pytest.mark.parametrize("make", [
+    lambda ps: horst.HORST(ps, lr=1e-2, alpha=5.0, fused=False),
+    lambda ps: horst.HAM(ps, lr=1e-2, fused=False),
+    lambda ps: horst.HORSTSGD(ps, lr=1e-2, momentum=0.9, alpha=5.0, beta=0.1),
+    lambda ps: horst.HORSTLion(ps, lr=1e-3, alpha=5.0, beta=0.1),
+], ids=["horst", "ham", "sgd", "lion"])  # fmt: skip
+def test_state_dict_resume_is_identical_to_uninterrupted_run(make):
+    uninterrupted, _ = run(make, steps=12)
+
+    params = make_params()
+    optimizer = make(params)
+    for step in range(1, 7):
+        for p, g in zip(params, gradients(params, step)):
+            p.grad = g
+        optimizer.step()
+    saved_params = copy.deepcopy([p.detach() for p in params])
+    saved_state = copy.deepcopy(optimizer.state_dict())
+
+    resumed_params = [torch.nn.Parameter(p.clone()) for p in saved_params]
+    resumed = make(resumed_params)
+    resumed.load_state_dict(saved_state)
+    for step in range(7, 13):
+        for p, g in zip(resumed_params, gradients(resumed_params, step)):
+            p.grad = g
+        resumed.step()
+    for a, b in zip(resumed_params, uninterrupted):
+        assert torch.equal(a.detach(), b)
+
+
+def test_state_is_exactly_adamws():
+    _, optimizer = run(lambda ps: horst.HORST(ps, fused=False), steps=2)
+    for state in optimizer.state.values():
+        assert set(state) == {"step", "exp_avg", "exp_avg_sq"}
+        assert state["step"].item() == 2
+    # an AdamW checkpoint loads into HORST (and back): the state layouts agree
+    _, adamw = run(lambda ps: torch.optim.AdamW(ps), steps=2)
+    params = make_params()
+    horst.HORST(params, fused=False).load_state_dict(adamw.state_dict())
+
+
+def test_bf16_parameters_track_fp32():
+    make = lambda ps: horst.HORST(ps, lr=1e-2, alpha=10.0, beta=0.1, fused=False)  # noqa: E731
+    fp32, _ = run(make, steps=10)
+    bf16, optimizer = run(make, steps=10, dtype=torch.bfloat16)
+    for state in optimizer.state.values():
+        assert state["exp_avg"].dtype == torch.bfloat16
+    for a, b in zip(bf16, fp32):
+        assert a.dtype == torch.bfloat16
+        assert torch.allclose(a.float(), b, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    (dict(lr=-1.0), "lr"), (dict(eps=-1e-8), "eps"), (dict(weight_decay=-0.1), "weight_decay"),
+    (dict(alpha=-1.0), "alpha"), (dict(beta=-0.1), "beta"), (dict(betas=(1.0, 0.9)), "betas"),
+    (dict(betas=(0.9, -0.1)), "betas"), (dict(order="mirror"), "order"), (dict(alpha=float("nan")), "alpha"),
+])  # fmt: skip
+def test_invalid_arguments_name_the_argument(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        horst.HORST(make_params(), **kwargs)
+    if name != "order":
+        with pytest.raises(ValueError, match=name):
+            horst.HAM(make_params(), **kwargs)
+
+
+def test_invalid_param_group_is_rejected():
+    optimizer = horst.HORST(make_params()[:1], fused=False)
+    with pytest.raises(ValueError, match="alpha"):
+        optimizer.add_param_group({"params": make_params()[1:], "alpha": -1.0})
+    with pytest.raises(ValueError, match="hyperbolic"):
+        horst.HORST([{"params": make_params(), "hyperbolic": "yes"}])
+
+
+def test_sgd_with_zero_alpha_beta_is_torch_sgd_bit_for_bit():
+    kwargs = dict(lr=1e-2, momentum=0.9, nesterov=True, weight_decay=0.1)
+    expected, _ = run(lambda ps: torch.optim.SGD(ps, **kwargs), steps=50)
+    actual, _ = run(lambda ps: horst.HORSTSGD(ps, alpha=0.0, beta=0.0, **kwargs), steps=50)
+    for a, e in zip(actual, expected):
+        assert torch.equal(a, e)
+
+
+def reference_lion(params, steps, *, lr, betas, wd, alpha, beta):
+    thetas = [p.detach() for p in params]
+    ms = [torch.zeros_like(t) for t in thetas]
+    b1, b2 = betas
+    for step in range(1, steps + 1):
+        for i, (theta, g) in enumerate(zip(thetas, gradients(thetas, step))):
+            u = lr * torch.sign(b1 * ms[i] + (1 - b1) * g)
+            half = theta * (1 - lr * wd) - u
+            a = alpha if theta.ndim >= 2 else 0.0
+            b = beta if theta.ndim >= 2 else 0.0
+            thetas[i] = half * torch.exp(-a * torch.sign(half) * u - lr * b)
+            ms[i] = b2 * ms[i] + (1 - b2) * g
+    return thetas
+
+
+@pytest.mark.parametrize("alpha, beta", [(0.0, 0.0), (20.0, 0.5)])
+def test_lion_matches_reference(alpha, beta):
+    kwargs = dict(lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)
+    actual, _ = run(lambda ps: horst.HORSTLion(ps, alpha=alpha, beta=beta, **kwargs), steps=20)
+    expected = reference_lion(make_params(), 20, lr=1e-3, betas=(0.9, 0.99), wd=0.1, alpha=alpha, beta=beta)
+    assert_close(actual, expected)
+
+
+def test_sgd_mirror_matches_reference():
+    lr, alpha, beta = 1e-2, 20.0, 0.5
+    actual, _ = run(lambda ps: horst.HORSTSGD(ps, lr=lr, alpha=alpha, beta=beta), steps=20)
+    thetas = [p.detach() for p in make_params()]
+    for step in range(1, 21):
+        for i, (theta, g) in enumerate(zip(thetas, gradients(thetas, step))):
+            half = theta - lr * g
+            a, b = (alpha, beta) if theta.ndim >= 2 else (0.0, 0.0)
+            thetas[i] = half * torch.exp(-a * torch.sign(half) * lr * g - lr * b)
+    assert_close(actual, thetas)
