@@ -1,0 +1,99 @@
+"""Time one GPT-2 training step (forward, backward, clip, optimizer step) with AdamW, HAM, HORST.
+
+    python bench/train_step.py | tee results/bench/train_step.txt
+
+All three run in one process on identical copies of a small GPT-2, built and stepped exactly
+as `train_gpt2.py` does (fused AdamW; HAM/HORST on their default fast path), and are timed
+round-robin so that load from other processes hits them alike. The table gives the median
+seconds per step and the ratio to AdamW (target: <= 1.05 for HAM and HORST).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+
+import pruning
+from training.gpt2 import build_model
+from training.optim import build_optimizer
+
+OPTIMIZERS = {
+    "adamw": {"name": "adamw"},
+    "ham": {"name": "ham", "alpha": 200.0, "beta": 1e-3, "hyperbolic_params": "all_2d"},
+    "horst": {"name": "horst", "alpha": 100.0, "beta": 1.0, "order": "ms", "hyperbolic_params": "all_2d"},
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--width", type=int, default=128)
+    parser.add_argument("--context", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps per optimizer (compilation)")
+    parser.add_argument("--rounds", type=int, default=15, help="timed steps per optimizer")
+    args = parser.parse_args()
+
+    torch.manual_seed(0)
+    model_cfg = OmegaConf.create(
+        dict(n_layer=args.layers, n_head=max(1, args.width // 32), n_embd=args.width, n_positions=args.context,
+             dropout=0.0, tie_word_embeddings=True)
+    )  # fmt: skip
+    reference = build_model(model_cfg)
+    runs = {}
+    for name, extra in OPTIMIZERS.items():
+        model = copy.deepcopy(reference)
+        prunable = pruning.prunable_parameters(model, "gpt2")
+        cfg = OmegaConf.create({"betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1, **extra})
+        runs[name] = (model, build_optimizer(cfg, model, lr=1e-3, prunable_names=prunable.keys()))
+    x = torch.randint(0, 50257, (args.batch, args.context + 1))
+
+    def step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> float:
+        start = time.perf_counter()
+        logits = model(x[:, :-1]).logits
+        loss = F.cross_entropy(logits.float().flatten(0, 1), x[:, 1:].flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return time.perf_counter() - start
+
+    for name, (model, optimizer) in runs.items():
+        for _ in range(args.warmup):
+            step(model, optimizer)
+    times = {name: [] for name in runs}
+    for _ in range(args.rounds):
+        for name, (model, optimizer) in runs.items():
+            times[name].append(step(model, optimizer))
+
+    params = sum(p.numel() for p in reference.parameters())
+    print(f"# command: python {' '.join(sys.argv)}")
+    print(f"# date: {datetime.datetime.now().isoformat(timespec='seconds')}")
+    print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}")
+    print(
+        f"# GPT-2 {args.layers} layers x {args.width} wide, {params / 1e6:.1f}M params, batch {args.batch} x "
+        f"{args.context} tokens; median of {args.rounds} round-robin steps after {args.warmup} warm-up steps"
+    )
+    print()
+    print("| optimizer | s/step (median) | min | ratio to AdamW |")
+    print("|---|---:|---:|---:|")
+    base = statistics.median(times["adamw"])
+    for name, values in times.items():
+        median = statistics.median(values)
+        print(f"| {name} | {median:.4f} | {min(values):.4f} | {median / base:.3f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""Data for the GPT-2 pipeline: tokenizer, embedded pydoc tokens, SlimPajama preparation, batches."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from training.lm_data import (
+    EOT,
+    DatasetNotPreparedError,
+    RandomWindows,
+    encode_documents,
+    gpt2_tokenizer,
+    load_split,
+    prepare_pydoc,
+    write_tokens,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("prepare_slimpajama", ROOT / "scripts" / "prepare_slimpajama.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_tokenizer_is_gpt2_bpe():
+    tokenizer = gpt2_tokenizer()
+    # Reference ids from OpenAI's GPT-2 vocabulary.
+    assert tokenizer("Hello world")["input_ids"] == [15496, 995]
+    assert tokenizer.decode([464, 2068, 7586, 21831]) == "The quick brown fox"
+    assert encode_documents(["Hi", "<|endoftext|>"]) == [[17250, EOT], [27, 91, 437, 1659, 5239, 91, 29, EOT]]
+
+
+def test_prepare_pydoc_splits_the_topics_token_stream(tmp_path):
+    from pydoc_data.topics import topics
+
+    meta = prepare_pydoc(tmp_path)
+    train, val = load_split(tmp_path, "train", prepare_command="x"), load_split(tmp_path, "val", prepare_command="x")
+    assert (len(train), len(val)) == (meta["train_tokens"], meta["val_tokens"])
+    assert len(val) == pytest.approx(0.1 * (len(train) + len(val)), abs=1)
+    stream = np.concatenate([train, val])
+    assert np.count_nonzero(stream == EOT) == len(topics)  # one end-of-text per topic
+    text = gpt2_tokenizer().decode(stream[: np.argmax(stream == EOT)].tolist())
+    assert text in topics.values()
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_missing_or_unfinished_dataset_is_one_clear_error(tmp_path):
+    with pytest.raises(DatasetNotPreparedError, match="prepare them with: make-it"):
+        load_split(tmp_path, "train", prepare_command="make-it")
+    # An interrupted write leaves only a temporary file and no meta.json: still not prepared.
+    (tmp_path / "train.bin.tmp").write_bytes(b"\0" * 10)
+    with pytest.raises(DatasetNotPreparedError):
+        load_split(tmp_path, "train", prepare_command="make-it")
+
+
+def _slimpajama_like(folder: Path) -> dict[str, list[str]]:
+    """200 rows with SlimPajama-6B's columns, as train/validation parquet files."""
+    rng = np.random.default_rng(0)
+    words = ["the", "sparse", "transformer", "optimizer", "mirror", "descent", "weights", "é", "数据", "\n"]
+    texts = {}
+    (folder / "data").mkdir(parents=True)
+    for split, rows in (("train", 180), ("validation", 20)):
+        texts[split] = [" ".join(rng.choice(words, size=rng.integers(1, 60))) for _ in range(rows)]
+        table = pa.table(
+            {
+                "text": texts[split],
+                "meta": [{"redpajama_set_name": "RedPajamaC4"}] * rows,
+                "__index_level_0__": list(range(rows)),
+            }
+        )
+        pq.write_table(table, folder / "data" / f"{split}-00000-of-00001.parquet")
+    return texts
+
+
+def test_prepare_slimpajama_from_local_parquet(tmp_path, capsys):
+    texts = _slimpajama_like(tmp_path / "src")
+    script = _load_script()
+    out = tmp_path / "out"
+    args = ["--source", str(tmp_path / "src"), "--out", str(out), "--num-proc", "2", "--cache-dir", str(tmp_path / "cache")]
+    script.main(args)
+
+    meta = json.loads((out / "meta.json").read_text())
+    for name, split in (("train", "train"), ("val", "validation")):
+        expected = np.concatenate([np.array(ids, dtype=np.uint16) for ids in encode_documents(texts[split])])
+        tokens = load_split(out, name, prepare_command="x")
+        np.testing.assert_array_equal(tokens, expected)  # documents in order, EOT after each
+        assert meta[f"{name}_tokens"] == len(expected) and meta[f"{name}_documents"] == len(texts[split])
+
+    # A rerun does nothing; with one split gone, only that split is redone.
+    train_mtime = (out / "train.bin").stat().st_mtime_ns
+    script.main(args)
+    assert "already prepared" in capsys.readouterr().out
+    (out / "val.bin").unlink()
+    script.main(args)
+    assert "skipping split 'train'" in capsys.readouterr().out
+    assert (out / "train.bin").stat().st_mtime_ns == train_mtime
+    assert (out / "val.bin").is_file() and not list(out.glob("*.tmp"))
+
+
+def test_write_tokens_checks_the_count(tmp_path):
+    with pytest.raises(RuntimeError, match="wrote 3 tokens, expected 4"):
+        write_tokens(tmp_path / "x.bin", [[1, 2, 3]], 4)
+    assert not (tmp_path / "x.bin").exists()
+
+
+def test_random_windows_shift_targets_and_shard_one_global_draw():
+    tokens = np.arange(1000, dtype=np.uint16)
+    single = RandomWindows(tokens, context=16, seed=3)
+    offsets = single.global_offsets(8)
+    x, y = single.batch(offsets, torch.device("cpu"))
+    assert x.shape == (8, 16) and torch.equal(y, x + 1)  # next-token targets
+    assert torch.equal(x[:, 0], offsets)
+    # Two processes with the same seed draw the same offsets; each takes its half.
+    ranks = [RandomWindows(tokens, context=16, seed=3) for _ in range(2)]
+    halves = [r.global_offsets(8).view(2, 1, 4)[rank][0] for rank, r in enumerate(ranks)]
+    assert torch.equal(torch.cat(halves), offsets)

@@ -1,0 +1,207 @@
+"""End-to-end tests of train_gpt2.py on CPU: train, prune, evaluate; kill and resume; DDP."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from training.guards import NON_FINITE_EXIT_CODE
+
+ROOT = Path(__file__).resolve().parents[1]
+QUIET_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "disabled", "HORST_FUSED": "0"}
+
+
+def _load_entry_point():
+    spec = importlib.util.spec_from_file_location("train_gpt2", ROOT / "train_gpt2.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+train_gpt2 = _load_entry_point()
+
+
+@pytest.fixture(scope="module")
+def pydoc_dir(tmp_path_factory) -> Path:
+    from training.lm_data import prepare_pydoc
+
+    folder = tmp_path_factory.mktemp("pydoc")
+    prepare_pydoc(folder)
+    return folder
+
+
+@pytest.fixture(autouse=True)
+def quiet_env(monkeypatch):
+    for key, value in QUIET_ENV.items():
+        monkeypatch.setenv(key, value)
+
+
+def tiny_overrides(data_dir: Path, *extra: str) -> list[str]:
+    """A 2-layer, 32-wide GPT-2, a few steps with gradient accumulation, few eval windows."""
+    return [
+        "model=gpt2_nano",
+        f"data.dir={data_dir}",
+        "device=cpu",
+        "train.max_steps=12",
+        "train.warmup_steps=2",
+        "train.batch_size=4",
+        "train.micro_batch_size=2",
+        "train.log_interval=2",
+        "train.eval_interval=4",
+        "train.eval_windows=8",
+        "train.checkpoint_interval=4",
+        "eval.max_windows=64",
+        "prune.sparsities=[0.0,0.5,0.9]",
+        *extra,
+    ]
+
+
+def compose_cfg(overrides: list[str]):
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        return compose("train_gpt2", overrides=overrides)
+
+
+def read_records(run_dir: Path) -> list[dict]:
+    """The JSONL log without the fields that depend on wall-clock time or paths."""
+    volatile = {"time", "tokens_per_s", "path"}
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k not in volatile} for line in lines]
+
+
+def final_params(run_dir: Path) -> dict[str, torch.Tensor]:
+    from training.checkpoint import latest_checkpoint, load_checkpoint
+
+    return load_checkpoint(latest_checkpoint(run_dir))["model"]
+
+
+def test_tiny_end_to_end(pydoc_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    summary = train_gpt2.run(compose_cfg(tiny_overrides(pydoc_dir)), run_dir=run_dir, model_preset="gpt2_nano")
+
+    assert summary["optimizer"]["name"] == "horst" and summary["train"]["tokens_trained"] == 12 * 4 * 32
+    results = {r["sparsity"]: r for r in summary["pruning"]["results"]}
+    assert set(results) == {0.0, 0.5, 0.9}
+    assert results[0.9]["measured_sparsity"] == pytest.approx(0.9, abs=1e-3)
+    assert results[0.0]["measured_sparsity"] == 0.0
+    assert summary["pruning"]["windows"] == 64 and summary["pruning"]["tokens"] == 64 * 32
+    # Training helped: the dense model beats the uniform prediction over 50257 words.
+    assert results[0.0]["val_loss"] < math.log(50257) - 0.3
+    assert all(r["ppl"] == pytest.approx(torch.tensor(r["val_loss"]).exp().item()) for r in results.values())
+
+    records = read_records(run_dir)
+    train_steps = [r["step"] for r in records if "train/loss" in r]
+    assert train_steps == [2, 4, 6, 8, 10, 12]
+    assert [r["step"] for r in records if "val/loss" in r] == [4, 8, 12]
+    assert any("prune/ppl@0.9" in r for r in records)
+    for name in ("summary.json", "perplexity.json", "perplexity.md", "config.yaml"):
+        assert (run_dir / name).is_file(), name
+    assert json.loads((run_dir / "summary.json").read_text())["ppl"]["0.9"] == results[0.9]["ppl"]
+    assert "| 0.90 |" in (run_dir / "perplexity.md").read_text()
+    # keep_checkpoints=2 of the checkpoints at 4, 8, 12
+    assert sorted(p.name for p in run_dir.glob("ckpt_*.pt")) == ["ckpt_00000008.pt", "ckpt_00000012.pt"]
+
+
+def _subprocess_env() -> dict[str, str]:
+    return {**os.environ, **QUIET_ENV, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+
+def test_kill_and_resume_matches_uninterrupted_run(pydoc_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    torch_threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the same kernels as the subprocesses
+    overrides = tiny_overrides(pydoc_dir, "train.max_steps=20", "train.eval_interval=10")
+    try:
+        reference = tmp_path / "reference"
+        train_gpt2.run(compose_cfg(overrides), run_dir=reference, model_preset="gpt2_nano")
+    finally:
+        torch.set_num_threads(torch_threads)
+
+    run_dir = tmp_path / "interrupted"
+    command = [sys.executable, str(ROOT / "train_gpt2.py"), *overrides, f"hydra.run.dir={run_dir}"]
+    child = subprocess.Popen(command, env=_subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while not list(run_dir.glob("ckpt_*.pt")) and child.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    assert child.returncode == -signal.SIGKILL, child.stderr.read().decode()[-2000:]
+    assert not (run_dir / "summary.json").exists(), "the run finished before it could be killed"
+
+    resumed = subprocess.run(command, env=_subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stdout
+
+    expected, actual = final_params(reference), final_params(run_dir)
+    assert expected.keys() == actual.keys()
+    for name in expected:
+        assert torch.equal(expected[name], actual[name]), name
+    assert read_records(run_dir) == read_records(reference)
+    ppl = lambda d: json.loads((d / "summary.json").read_text())["ppl"]  # noqa: E731
+    assert ppl(run_dir) == ppl(reference)
+
+
+def test_ddp_two_processes_match_one_process(pydoc_dir, tmp_path):
+    overrides = tiny_overrides(pydoc_dir, "train.micro_batch_size=2", "train.max_steps=6", "prune.sparsities=[0.0,0.5]")
+    single = train_gpt2.run(compose_cfg(overrides), run_dir=tmp_path / "single", model_preset="gpt2_nano")
+
+    # Hydra's default time-stamped run folder: the processes must agree on one.
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+        str(ROOT / "train_gpt2.py"), *overrides,
+    ]  # fmt: skip
+    done = subprocess.run(command, env=_subprocess_env(), capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (summary_file,) = (tmp_path / "outputs").rglob("summary.json")
+    run_dir = summary_file.parent
+    ddp = json.loads(summary_file.read_text())
+
+    assert ddp["train"]["world_size"] == 2
+    assert ddp["pruning"]["tokens"] == single["pruning"]["tokens"]
+    for s in ("0", "0.5"):
+        assert ddp["ppl"][s] == pytest.approx(single["ppl"][s], rel=1e-4)
+    expected, actual = final_params(tmp_path / "single"), final_params(run_dir)
+    for name in expected:
+        torch.testing.assert_close(actual[name], expected[name], rtol=1e-4, atol=1e-5)
+
+
+def test_non_finite_loss_exits_nonzero_and_keeps_last_good_checkpoint(pydoc_dir, tmp_path, monkeypatch, capsys):
+    run_dir = tmp_path / "run"
+    # alpha * lr = 1e5: the mirror step blows the weights up within a few updates.
+    overrides = tiny_overrides(
+        pydoc_dir, "train.lr=1.0", "train.min_lr=0.1", "optimizer.alpha=1e5", "train.checkpoint_interval=1"
+    )
+    monkeypatch.setattr(sys, "argv", ["train_gpt2.py", *overrides, f"hydra.run.dir={run_dir}"])
+    with pytest.raises(SystemExit) as exit_info:
+        train_gpt2.main()
+    assert exit_info.value.code == NON_FINITE_EXIT_CODE == 4
+    message = capsys.readouterr().err
+    checkpoints = sorted(run_dir.glob("ckpt_*.pt"))
+    assert checkpoints, "expected a checkpoint before the blow-up"
+    assert "training loss is nan" in message or "training loss is inf" in message
+    assert f"Last good checkpoint: {checkpoints[-1]}" in message
+    assert all(torch.isfinite(p).all() for p in final_params(run_dir).values())
+    assert not (run_dir / "summary.json").exists()
+
+
+def test_cli_config_error_is_one_line_and_nonzero(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["train_gpt2.py", "train.lr=-1", f"hydra.run.dir={tmp_path}"])
+    with pytest.raises(SystemExit) as exit_info:
+        train_gpt2.main()
+    assert exit_info.value.code == "error: train.lr=-1.0 must be positive"
+
+
+def test_missing_dataset_names_the_prepare_command(tmp_path):
+    cfg = compose_cfg(["data.name=slimpajama", f"data.dir={tmp_path / 'nothing'}"])
+    with pytest.raises(train_gpt2.DatasetNotPreparedError, match="scripts/prepare_slimpajama.py --out"):
+        train_gpt2.run(cfg, run_dir=tmp_path / "run")

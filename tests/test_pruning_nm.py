@@ -1,0 +1,76 @@
+"""N:M masks against a per-group reference, both weight layouts, validation."""
+
+import pytest
+import torch
+
+import pruning
+
+
+def reference_nm_rows(weight_out_in, n, m):
+    """Loop reference for [out, in] weights: in each row, keep the n largest |w| of every
+    m consecutive entries, pruning the earlier of equal magnitudes first."""
+    mask = torch.zeros_like(weight_out_in, dtype=torch.bool)
+    for row in range(weight_out_in.shape[0]):
+        for start in range(0, weight_out_in.shape[1], m):
+            group = weight_out_in[row, start : start + m].abs().tolist()
+            # Sort by (magnitude, -index): among ties the later entry ranks higher.
+            ranked = sorted(range(m), key=lambda i: (group[i], i))
+            for i in ranked[m - n :]:
+                mask[row, start + i] = True
+    return mask
+
+
+@pytest.mark.parametrize("n,m", [(2, 4), (1, 4), (4, 8), (3, 3)])
+def test_linear_layout_matches_reference(n, m):
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(6, 24, generator=generator)
+    mask = pruning.nm_masks({"w": weight}, n=n, m=m)["w"]
+    assert mask.dtype == torch.bool and torch.equal(mask, reference_nm_rows(weight, n, m))
+    assert (mask.view(6, -1, m).sum(-1) == n).all()
+
+
+def test_ties_prune_earlier_first():
+    weight = torch.tensor([[1.0, -1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]])
+    mask = pruning.nm_masks({"w": weight}, n=2, m=4)["w"]
+    assert mask.tolist() == [[False, False, True, True, False, False, True, True]]
+    assert torch.equal(mask, reference_nm_rows(weight, 2, 4))
+
+
+def test_conv1d_layout_groups_along_dim0():
+    generator = torch.Generator().manual_seed(1)
+    linear_weight = torch.randn(5, 16, generator=generator)  # [out, in]
+    conv1d_weight = linear_weight.t().contiguous()  # HF Conv1D stores [in, out]
+    linear_mask = pruning.nm_masks({"w": linear_weight})["w"]
+    conv1d_mask = pruning.nm_masks({"w": conv1d_weight}, dim=0)["w"]
+    assert torch.equal(conv1d_mask, linear_mask.t())
+    per_name = pruning.nm_masks({"a": linear_weight, "b": conv1d_weight}, dim={"a": 1, "b": 0})
+    assert torch.equal(per_name["a"], linear_mask) and torch.equal(per_name["b"], conv1d_mask)
+
+
+def test_conv2d_groups_along_input_channels():
+    weight = torch.randn(3, 8, 2, 2, generator=torch.Generator().manual_seed(2))
+    mask = pruning.nm_masks({"w": weight})["w"]
+    assert (mask.view(3, 2, 4, 2, 2).sum(2) == 2).all()
+
+
+def test_sparsifier_takes_nm_masks():
+    weight = torch.nn.Parameter(torch.randn(4, 8))
+    sparsifier = pruning.Sparsifier({"w": weight})
+    sparsifier.set_masks(pruning.nm_masks({"w": weight}))
+    assert int((weight == 0).sum()) == 16
+
+
+def test_invalid_nm_arguments():
+    weight = {"w": torch.randn(4, 6)}
+    with pytest.raises(ValueError, match="multiple of m=4"):
+        pruning.nm_masks(weight)
+    with pytest.raises(ValueError, match="0 < n <= m"):
+        pruning.nm_masks(weight, n=3, m=2)
+    with pytest.raises(ValueError, match="0 < n <= m"):
+        pruning.nm_masks(weight, n=0, m=2)
+    with pytest.raises(ValueError, match="must be an int"):
+        pruning.nm_masks(weight, n=1.0, m=2)
+    with pytest.raises(ValueError, match="out of range"):
+        pruning.nm_masks(weight, m=2, dim=2)
+    with pytest.raises(ValueError, match="no entry"):
+        pruning.nm_masks(weight, m=2, dim={"other": 0})

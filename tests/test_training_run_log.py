@@ -1,0 +1,75 @@
+"""training.run_log: JSONL metrics, summary, resolved config, W&B mode, resume truncation."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from training.run_log import RunLogger, wandb_mode
+
+
+def _steps(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_metrics_summary_and_config_files(tmp_path):
+    log = RunLogger(tmp_path, {"lr": 0.1, "nested": {"a": [1, 2]}}, mode="disabled")
+    log.log({"loss": 2.5, "bad": float("nan")}, step=1)
+    summary = log.summary({"ppl": {"0.5": 12.0}})
+    log.close()
+    records = _steps(tmp_path)
+    assert records[0]["step"] == 1 and records[0]["loss"] == 2.5 and records[0]["bad"] is None
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text()) == {"lr": 0.1, "nested": {"a": [1, 2]}}
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    assert on_disk == summary and on_disk["ppl"] == {"0.5": 12.0}
+    assert "git_commit" in on_disk and on_disk["run_dir"] == str(tmp_path.resolve())
+
+
+def test_resume_drops_records_after_the_checkpoint(tmp_path):
+    log = RunLogger(tmp_path, {}, mode="disabled")
+    for step in (1, 2):
+        log.log({"loss": step}, step=step)
+    log.checkpoint(tmp_path / "ckpt_00000002.pt", step=2)
+    log.log({"val": 0.5}, step=2)  # after the checkpoint: recomputed on resume
+    log.log({"loss": 3}, step=3)
+    log.close()
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 4, "lo')  # cut short by SIGKILL
+
+    resumed = RunLogger(tmp_path, {}, mode="disabled", resume_step=2)
+    resumed.log({"val": 0.5}, step=2)
+    resumed.close()
+    records = _steps(tmp_path)
+    assert [r["step"] for r in records] == [1, 2, 2, 2]
+    assert records[2]["event"] == "checkpoint" and records[3]["val"] == 0.5
+
+
+def test_disabled_logger_writes_nothing(tmp_path):
+    log = RunLogger(tmp_path / "run", {}, enabled=False)
+    log.log({"loss": 1.0}, step=1)
+    log.summary({"x": 1})
+    log.close()
+    assert not (tmp_path / "run").exists()
+
+
+def test_wandb_mode_precedence(monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    assert wandb_mode(None) == "offline"
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert wandb_mode(None) == "disabled"
+    assert wandb_mode("online") == "online"  # the config wins over the environment
+    with pytest.raises(ValueError, match="unknown W&B mode"):
+        wandb_mode("sometimes")
+
+
+def test_wandb_offline_run_is_created_and_continued_on_resume(tmp_path):
+    log = RunLogger(tmp_path, {"lr": 0.1}, mode="offline", project="horst-test")
+    log.log({"loss": 1.0}, step=1)
+    log.close()
+    run_id = (tmp_path / "wandb_id.txt").read_text()
+    assert list((tmp_path / "wandb").glob(f"offline-run-*-{run_id}"))
+    resumed = RunLogger(tmp_path, {"lr": 0.1}, mode="offline", project="horst-test", resume_step=1)
+    resumed.close()
+    assert (tmp_path / "wandb_id.txt").read_text() == run_id

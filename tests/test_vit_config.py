@@ -1,0 +1,94 @@
+"""ViT config composition, the DeiT paper-cell presets, and validation: one clear error each."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+
+from training.config import ConfigError
+from training.vit import acdc_schedule, register_configs, scaled_lr, validate
+
+CONFIGS = str(Path(__file__).resolve().parents[1] / "configs")
+register_configs()
+
+
+def _compose(*overrides):
+    with initialize_config_dir(config_dir=CONFIGS, version_base="1.3"):
+        return compose("train_vit", overrides=list(overrides))
+
+
+def test_embedded_default_composes_and_validates():
+    cfg = _compose()
+    validate(cfg, model_choice="vit_digits", world_size=1)
+    assert cfg.data.name == "digits" and cfg.model.img_size == 8 and cfg.model.patch_size == 2
+    assert cfg.optimizer.name == "horst" and (cfg.optimizer.alpha, cfg.optimizer.beta) == (10.0, 0.1)
+    assert cfg.acdc.sparsity == 0.9 and cfg.train.epochs == 40
+    schedule = acdc_schedule(cfg.acdc, epochs=cfg.train.epochs)
+    # The official 100-epoch schedule scaled by 0.4.
+    assert schedule.prune_epochs == (4, 8, 12, 16, 20, 24, 28, 34)
+    assert schedule.restore_epochs == (6, 10, 14, 18, 22, 26, 30)
+
+
+CELLS = [(size, width, heads, sparsity) for size, width, heads in [("tiny", 192, 3), ("small", 384, 6), ("base", 768, 12)] for sparsity in (70, 80, 90)]
+
+
+# Each (model, sparsity) preset once, the optimizers taking turns (composition is the cost).
+@pytest.mark.parametrize("cell,optimizer", [(cell, ("adamw", "ham", "horst")[i % 3]) for i, cell in enumerate(CELLS)])
+def test_every_deit_table_cell_has_a_preset(cell, optimizer):
+    size, width, heads, sparsity = cell
+    cfg = _compose(f"experiment=deit_{size}_acdc_s{sparsity}", f"optimizer={optimizer}", "data.root=/data/imagenet")
+    validate(cfg, model_choice=f"deit_{size}", world_size=8)
+    assert cfg.model.timm_name == f"deit_{size}_patch16_224"
+    assert (cfg.model.embed_dim, cfg.model.num_heads, cfg.model.depth, cfg.model.drop_path) == (width, heads, 12, 0.1)
+    assert cfg.acdc.sparsity == sparsity / 100 and cfg.acdc.scope == "global"
+    assert cfg.optimizer.name == optimizer and cfg.optimizer.weight_decay == 0.05
+    # DESIGN §4: the DeiT recipe.
+    t, a = cfg.train, cfg.aug
+    assert (t.epochs, t.batch_size, t.warmup_epochs, t.warmup_lr, t.min_lr) == (300, 1024, 5, 1e-6, 1e-5)
+    assert scaled_lr(t) == pytest.approx(5e-4 * 1024 / 512)
+    assert a.auto_augment == "rand-m9-mstd0.5-inc1" and a.re_prob == 0.25
+    assert (a.mixup, a.cutmix, a.smoothing) == (0.8, 1.0, 0.1)
+    assert cfg.data.name == "imagefolder" and cfg.data.repeated_aug == 3
+    schedule = acdc_schedule(cfg.acdc, epochs=t.epochs)
+    assert schedule.prune_epochs == (30, 60, 90, 120, 150, 180, 210, 255)
+    assert schedule.restore_epochs == (45, 75, 105, 135, 165, 195, 225)
+    if optimizer == "ham":
+        assert (cfg.optimizer.alpha, cfg.optimizer.beta) == (200.0, 1e-3)
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("acdc.sparsity=1.0", r"acdc.sparsity=1.0 must be in \[0, 1\)"),
+        ("train.epochs=41", "acdc phases do not fit train.epochs=41: .*nearest totals that fit: 40 or 44"),
+        ("optimizer.name=sgd", "optimizer.name='sgd' is unknown; choose one of adamw, ham, horst"),
+        ("train.base_lr=-1", "train.base_lr=-1.0 must be positive"),
+        ("model.arch=gpt2", "model=vit_digits is not a ViT preset"),
+        ("model.patch_size=3", "model.img_size=8 must be a multiple of model.patch_size=3"),
+        ("model.timm_name=resnet_9000", "model.timm_name='resnet_9000' is not a timm model"),
+        ("data.name=coco", "data.name='coco' is unknown; use digits or imagefolder"),
+        ("aug.auto_augment=rand-q9", "aug.auto_augment='rand-q9' is not a timm augmentation policy"),
+        ("aug.mixup=0.8", r"train.batch_size=63 over 1 processes must give an even batch"),
+        ("acdc.scope=local", "acdc.scope='local' is unknown"),
+        ("train.warmup_epochs=40", r"train.warmup_epochs=40 must be in \[0, train.epochs\)"),
+        ("logging.mode=sometimes", "logging.mode='sometimes' is unknown"),
+    ],
+)
+def test_bad_values_are_one_clear_error(override, message):
+    overrides = [override] + (["train.batch_size=63"] if override.startswith("aug.mixup") else [])
+    with pytest.raises(ConfigError, match=message):
+        validate(_compose(*overrides), model_choice="vit_digits", world_size=1)
+
+
+def test_batch_must_split_over_processes():
+    with pytest.raises(ConfigError, match="train.batch_size=64 must be a multiple of the 3 processes"):
+        validate(_compose(), model_choice="vit_digits", world_size=3)
+
+
+@pytest.mark.parametrize("override", ["acdc.sparsty=0.5", "train.epochs=many", "model=no_such_model", "vit_recipe=none"])
+def test_typos_fail_at_composition(override):
+    with pytest.raises(ConfigCompositionException):
+        _compose(override)

@@ -1,0 +1,157 @@
+"""ViT data: ImageNet-layout checks, the digits dataset, timm transforms, epoch-seeded loaders."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from training.env import seed_everything
+from training.vit_data import (
+    DataLayoutError,
+    DigitsDataset,
+    TrainLoader,
+    build_transforms,
+    check_imagefolder_root,
+    epoch_seed,
+    eval_loader,
+)
+
+DEIT_AUG = dict(
+    auto_augment="rand-m9-mstd0.5-inc1", color_jitter=0.4, hflip=0.5, scale=[0.08, 1.0], interpolation="bicubic",
+    re_prob=0.25, re_mode="pixel", re_count=1, crop_pct=0.875,
+)  # fmt: skip
+
+
+def _png(path, color=(200, 30, 30)) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (12, 12), color).save(path)
+
+
+@pytest.fixture
+def imagenet_root(tmp_path):
+    for split in ("train", "val"):
+        for cls in ("n01440764", "n01443537"):
+            _png(tmp_path / split / cls / "img0.png")
+    return tmp_path
+
+
+def test_valid_root_gives_its_classes(imagenet_root):
+    assert check_imagefolder_root(str(imagenet_root)) == ["n01440764", "n01443537"]
+
+
+@pytest.mark.parametrize(
+    "breakage,message",
+    [
+        ("unset", "data.root is not set; pass data.root=/path/to/imagenet"),
+        ("missing", "does not exist or is not a folder"),
+        ("no_val", "has no val/ folder"),
+        ("flat_val", r"val/ has no class folders \(2 images lie directly in it: sort them into one folder per class\)"),
+        ("mismatch", r"not the same ones \(only in train: \['n01443537'\], only in val: \['n99999999'\]\)"),
+        ("empty_class", "Found no valid file for the classes n01443537"),
+    ],
+)
+def test_malformed_root_is_one_line_error_naming_the_layout(imagenet_root, breakage, message):
+    root = str(imagenet_root)
+    if breakage == "unset":
+        root = None
+    elif breakage == "missing":
+        root = str(imagenet_root / "nowhere")
+    elif breakage == "no_val":
+        for f in (imagenet_root / "val").rglob("*.png"):
+            f.unlink()
+        for d in sorted((imagenet_root / "val").rglob("*"), reverse=True):
+            d.rmdir()
+        (imagenet_root / "val").rmdir()
+    elif breakage == "flat_val":
+        for i, f in enumerate(sorted((imagenet_root / "val").rglob("*.png"))):
+            f.rename(imagenet_root / "val" / f"ILSVRC2012_val_{i:08d}.png")
+            f.parent.rmdir()
+    elif breakage == "mismatch":
+        (imagenet_root / "val" / "n01443537").rename(imagenet_root / "val" / "n99999999")
+    elif breakage == "empty_class":
+        (imagenet_root / "train" / "n01443537" / "img0.png").unlink()
+
+    with pytest.raises(DataLayoutError, match=message) as error:
+        if breakage == "empty_class":
+            from training.vit_data import build_datasets
+
+            build_datasets({"name": "imagefolder", "root": root}, train_transform=None, eval_transform=None)
+        else:
+            check_imagefolder_root(root)
+    assert "\n" not in str(error.value)
+    assert "expected an ImageNet-style ImageFolder root" in str(error.value)
+
+
+def test_digits_split_is_stratified_fixed_and_pil():
+    train, val = DigitsDataset("train", val_fraction=0.2), DigitsDataset("val", val_fraction=0.2)
+    assert (len(train), len(val)) == (1437, 360)
+    assert sorted(set(val.targets)) == list(range(10)) and min(np.bincount(val.targets)) >= 35
+    image, label = train[0]
+    assert isinstance(image, Image.Image) and image.size == (8, 8) and image.mode == "RGB"
+    assert np.asarray(image).max() == 255  # 0..16 scaled to the full 8-bit range
+    again = DigitsDataset("train", val_fraction=0.2)
+    assert again.targets == train.targets and np.array_equal(np.asarray(again[5][0]), np.asarray(train[5][0]))
+
+
+def test_deit_transforms_and_posterize_at_full_magnitude():
+    """RandAugment m9-mstd0.5 reaches magnitude 10 ~2 % of the time, where timm asks Pillow to
+    posterize to 0 bits; Pillow >= 12 raises there, old Pillow (DeiT's) gave a black image."""
+    from timm.data.auto_augment import RandAugment
+
+    train, evaluation = build_transforms(DEIT_AUG, img_size=16)
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (20, 24, 3), dtype=np.uint8))
+    assert train(image).shape == evaluation(image).shape == (3, 16, 16)
+    rand_augment = next(t for t in train.transforms if isinstance(t, RandAugment))
+    posterize = next(op for op in rand_augment.ops if op.name == "PosterizeIncreasing")
+    posterize.prob, posterize.magnitude, posterize.magnitude_std = 1.0, 10, 0.0
+    assert np.asarray(posterize(image)).max() == 0
+    posterize.magnitude = 5  # 2 bits kept: Pillow's own posterize
+    assert set(np.unique(np.asarray(posterize(image)))) <= {0, 64, 128, 192}
+
+
+class _Indices(torch.utils.data.Dataset):
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        return torch.rand(()), i  # the random value shows the augmentation draws
+
+
+def _epoch(loader: TrainLoader, epoch: int):
+    # As train_vit.py does: in-process augmentation draws from the reseeded global RNGs.
+    seed_everything(epoch_seed(loader.seed, epoch, loader.rank + 1))
+    batches = list(loader.epoch(epoch))
+    return torch.cat([b[1] for b in batches]).tolist(), torch.cat([b[0] for b in batches])
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_train_batches_are_a_function_of_seed_and_epoch(num_workers):
+    def make(seed):
+        return TrainLoader(
+            _Indices(), batch_size=8, seed=seed, rank=0, world_size=1, repeated_aug=3, num_workers=num_workers,
+            pin_memory=False,
+        )  # fmt: skip
+
+    loader = make(0)
+    order, draws = _epoch(loader, 3)
+    assert sorted(order) == list(range(40))
+    _epoch(loader, 4)
+    replay_order, replay_draws = _epoch(make(0), 3)  # a fresh loader, as after a resume
+    assert replay_order == order and torch.equal(replay_draws, draws)
+    assert _epoch(loader, 4)[0] != order and _epoch(make(1), 3)[0] != order
+
+
+def test_ddp_repeated_augmentation_and_sharded_validation():
+    ranks = [
+        TrainLoader(_Indices(), batch_size=4, seed=0, rank=r, world_size=2, repeated_aug=3, num_workers=0, pin_memory=False)
+        for r in range(2)
+    ]
+    seen = [_epoch(loader, 0)[0] for loader in ranks]
+    # timm's RepeatAugSampler: 3 copies of each image per epoch, spread over processes, of
+    # which each process keeps len(dataset) / world_size.
+    assert len(seen[0]) == len(seen[1]) == 20
+    assert max(np.bincount(seen[0] + seen[1])) <= 3
+    shards = [[i for _, idx in eval_loader(_Indices(), batch_size=7, rank=r, world_size=3, num_workers=0, pin_memory=False) for i in idx.tolist()] for r in range(3)]  # fmt: skip
+    assert sorted(sum(shards, [])) == list(range(40))

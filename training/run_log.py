@@ -1,0 +1,174 @@
+"""Run records: `metrics.jsonl`, `summary.json`, the resolved config, and Weights & Biases.
+
+The JSONL file and `summary.json` are always written (in the run folder, by the main
+process); W&B mirrors them. W&B's mode comes from the config when it sets one, else from
+the `WANDB_MODE` environment variable, else `offline` (works with no account or network).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+CONFIG_FILE = "config.yaml"
+_WANDB_ID_FILE = "wandb_id.txt"
+
+
+def git_commit(path: str | os.PathLike = ".") -> str:
+    """The commit of the repository holding `path`, with `-dirty` for local changes."""
+    try:
+        repo = Path(path).resolve().parent if Path(path).is_file() else Path(path).resolve()
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True).stdout
+        return commit + ("-dirty" if dirty.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _jsonable(value: Any) -> Any:
+    """Plain JSON values; non-finite floats become None (JSON has no NaN)."""
+    if hasattr(value, "item"):  # tensors and numpy scalars
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _records_until(metrics: Path, step: int) -> list[str]:
+    """JSONL lines up to the checkpoint marker of `step` (or up to `step` without one)."""
+    lines, records = [], []
+    for line in metrics.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+            lines.append(line)
+        except json.JSONDecodeError:  # a line cut short by the kill
+            break
+    markers = [i for i, r in enumerate(records) if r.get("event") == "checkpoint" and r["step"] == step]
+    if markers:
+        return lines[: markers[-1] + 1]
+    return [line for line, r in zip(lines, records) if r["step"] <= step]
+
+
+def wandb_mode(configured: str | None) -> str:
+    mode = configured or os.environ.get("WANDB_MODE") or "offline"
+    if mode not in ("online", "offline", "disabled"):
+        raise ValueError(f"unknown W&B mode {mode!r}; use online, offline or disabled")
+    return mode
+
+
+class RunLogger:
+    """Logs metrics of one run; a no-op on non-main processes.
+
+    On resume, `resume_step` drops the JSONL records written after the checkpoint of that
+    step (the interrupted run's, about to be recomputed), so the log of a resumed run reads
+    like that of an uninterrupted one. `checkpoint()` marks where each checkpoint was taken.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        config: Mapping[str, Any],
+        *,
+        enabled: bool = True,
+        project: str = "horst",
+        name: str | None = None,
+        group: str | None = None,
+        tags: list[str] | None = None,
+        mode: str | None = None,
+        resume_step: int | None = None,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.enabled = enabled
+        self.commit = git_commit(Path(__file__).parent)
+        self._wandb = None
+        if not enabled:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.run_dir / CONFIG_FILE, "w") as f:
+            yaml.safe_dump(_jsonable(dict(config)), f, sort_keys=False)
+        metrics = self.run_dir / METRICS_FILE
+        if resume_step is None:
+            metrics.unlink(missing_ok=True)
+        elif metrics.exists():
+            metrics.write_text("".join(line + "\n" for line in _records_until(metrics, resume_step)))
+        self._metrics = open(metrics, "a")
+
+        mode = wandb_mode(mode)
+        if mode != "disabled":
+            import wandb
+
+            # One W&B run per run folder, continued across resumes.
+            id_file = self.run_dir / _WANDB_ID_FILE
+            self._wandb = wandb.init(
+                project=project,
+                name=name,
+                group=group,
+                tags=tags,
+                id=id_file.read_text().strip() if id_file.exists() else None,
+                resume="allow",
+                dir=str(self.run_dir),
+                mode=mode,
+                config={**_jsonable(dict(config)), "git_commit": self.commit},
+            )
+            id_file.write_text(self._wandb.id)
+
+    def log(self, metrics: Mapping[str, Any], *, step: int) -> None:
+        if not self.enabled:
+            return
+        record = {"step": step, "time": time.time(), **_jsonable(metrics)}
+        self._metrics.write(json.dumps(record) + "\n")
+        self._metrics.flush()
+        if self._wandb is not None:
+            self._wandb.log(dict(metrics), step=step)
+
+    def checkpoint(self, path: str | os.PathLike, *, step: int) -> None:
+        """Record that a checkpoint of `step` was written (the resume point in the log)."""
+        if self.enabled:
+            self._metrics.write(json.dumps({"step": step, "event": "checkpoint", "path": str(path)}) + "\n")
+            self._metrics.flush()
+
+    def write_json(self, filename: str, data: Mapping[str, Any]) -> Path:
+        """Write a JSON file into the run folder (temp file + rename)."""
+        path = self.run_dir / filename
+        if self.enabled:
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(json.dumps(_jsonable(data), indent=2) + "\n")
+            os.replace(tmp, path)
+        return path
+
+    def write_text(self, filename: str, text: str) -> Path:
+        path = self.run_dir / filename
+        if self.enabled:
+            path.write_text(text)
+        return path
+
+    def summary(self, data: Mapping[str, Any]) -> dict[str, Any]:
+        """Write `summary.json` (final metrics, self-describing), mirror it to W&B, return it."""
+        data = _jsonable({**data, "git_commit": self.commit, "run_dir": str(self.run_dir.resolve())})
+        if self._wandb is not None:
+            self._wandb.summary.update(data)
+        self.write_json(SUMMARY_FILE, data)
+        return data
+
+    def close(self, *, exit_code: int = 0) -> None:
+        if not self.enabled:
+            return
+        self._metrics.close()
+        if self._wandb is not None:
+            self._wandb.finish(exit_code=exit_code)
+            self._wandb = None

@@ -1,0 +1,262 @@
+"""Image data for the ViT pipeline: ImageNet as an ImageFolder root, or scikit-learn's digits,
+both through the same timm transforms, samplers, loaders and Mixup/CutMix.
+
+The DeiT recipe (Touvron et al., "Training data-efficient image transformers & distillation
+through attention", ICML 2021; DESIGN §4) is assembled from timm's own pieces:
+`create_transform` (RandAugment, random erasing), `Mixup` with label smoothing and
+`SoftTargetCrossEntropy`, and `RepeatAugSampler` (repeated augmentation) under DDP.
+
+Every epoch's randomness (data order, augmentations, in workers too) is derived from
+(seed, epoch, rank) by `epoch_seed`, so a resumed run or a DDP run draws exactly what an
+uninterrupted run draws, without depending on saved RNG state.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset, Subset
+
+IMAGENET_LAYOUT = (
+    "expected an ImageNet-style ImageFolder root: <root>/train/<class>/<image> and "
+    "<root>/val/<class>/<image>, with the same class folders in both"
+)
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+class DataLayoutError(ValueError):
+    """A data root that cannot be read as the configured dataset; one line, with the fix."""
+
+
+def epoch_seed(seed: int, epoch: int, *streams: int) -> int:
+    """A well-mixed 32-bit seed (numpy's limit) for one epoch and, optionally, one rank."""
+    return int(np.random.SeedSequence([seed, epoch, *streams]).generate_state(1)[0])
+
+
+# ---- datasets ------------------------------------------------------------------------------
+
+
+class DigitsDataset(Dataset):
+    """scikit-learn's bundled 8x8 digits (1797 images, 10 classes) as RGB PIL images, so they
+    go through the same timm transforms as ImageNet. The train/val split is stratified and
+    fixed (independent of the run's seed): seeds vary the training, not the data."""
+
+    SPLIT_SEED = 0
+
+    def __init__(self, split: str, *, val_fraction: float, transform: Callable | None = None) -> None:
+        from sklearn.datasets import load_digits
+        from sklearn.model_selection import train_test_split
+
+        digits = load_digits()
+        pixels = (digits.images * (255.0 / 16.0)).round().astype(np.uint8)  # 0..16 -> 0..255
+        train_idx, val_idx = train_test_split(
+            np.arange(len(pixels)), test_size=val_fraction, stratify=digits.target, random_state=self.SPLIT_SEED
+        )
+        indices = {"train": train_idx, "val": val_idx}[split]
+        self.images = [Image.fromarray(pixels[i]).convert("RGB") for i in indices]
+        self.targets = [int(digits.target[i]) for i in indices]
+        self.classes = [str(c) for c in digits.target_names]
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int):
+        image = self.images[index]
+        return (self.transform(image) if self.transform else image), self.targets[index]
+
+
+def check_imagefolder_root(root: str | None) -> list[str]:
+    """The class names of an ImageNet-layout root, or a one-line `DataLayoutError`."""
+    if not root:
+        raise DataLayoutError(f"data.root is not set; pass data.root=/path/to/imagenet ({IMAGENET_LAYOUT})")
+    root_path = Path(root).expanduser()
+    if not root_path.is_dir():
+        raise DataLayoutError(f"data.root={root} does not exist or is not a folder; {IMAGENET_LAYOUT}")
+    classes = {}
+    for split in ("train", "val"):
+        folder = root_path / split
+        if not folder.is_dir():
+            raise DataLayoutError(f"data.root={root} has no {split}/ folder; {IMAGENET_LAYOUT}")
+        classes[split] = sorted(d.name for d in folder.iterdir() if d.is_dir())
+        if not classes[split]:
+            loose = sum(1 for f in folder.iterdir() if f.suffix.lower() in IMAGE_EXTENSIONS)
+            hint = f" ({loose} images lie directly in it: sort them into one folder per class)" if loose else ""
+            raise DataLayoutError(f"data.root={root}: {split}/ has no class folders{hint}; {IMAGENET_LAYOUT}")
+    if classes["train"] != classes["val"]:
+        only_train = sorted(set(classes["train"]) - set(classes["val"]))[:3]
+        only_val = sorted(set(classes["val"]) - set(classes["train"]))[:3]
+        raise DataLayoutError(
+            f"data.root={root}: train/ has {len(classes['train'])} class folders and val/ {len(classes['val'])}, "
+            f"not the same ones (only in train: {only_train}, only in val: {only_val}); {IMAGENET_LAYOUT}"
+        )
+    return classes["train"]
+
+
+def _image_folder(folder: Path, transform: Callable):
+    from torchvision.datasets import ImageFolder
+
+    try:
+        return ImageFolder(str(folder), transform=transform)
+    except FileNotFoundError as error:  # a class folder without any image
+        raise DataLayoutError(f"{folder}: {str(error).splitlines()[0]}; {IMAGENET_LAYOUT}") from None
+
+
+def build_datasets(data: Mapping[str, Any], *, train_transform: Callable, eval_transform: Callable):
+    """`(train, val, class names)` for `data.name` digits or imagefolder."""
+    if data["name"] == "digits":
+        train = DigitsDataset("train", val_fraction=data["val_fraction"], transform=train_transform)
+        val = DigitsDataset("val", val_fraction=data["val_fraction"], transform=eval_transform)
+        return train, val, train.classes
+    classes = check_imagefolder_root(data["root"])
+    root = Path(data["root"]).expanduser()
+    return _image_folder(root / "train", train_transform), _image_folder(root / "val", eval_transform), classes
+
+
+# ---- transforms ------------------------------------------------------------------------------
+
+
+def _posterize(img: Image.Image, bits_to_keep: int, **_: Any) -> Image.Image:
+    """timm's posterize, with 0 bits meaning a black image as in Pillow < 12 (which DeiT used).
+
+    RandAugment `m9-mstd0.5` clips the magnitude at 10 about 2 % of the time, where timm asks
+    Pillow for 0 bits; recent Pillow rejects that with a ValueError mid-epoch."""
+    if bits_to_keep >= 8:
+        return img
+    if bits_to_keep <= 0:
+        return Image.new(img.mode, img.size)
+    from PIL import ImageOps
+
+    return ImageOps.posterize(img, bits_to_keep)
+
+
+def _patch_posterize(transform) -> None:
+    from timm.data.auto_augment import RandAugment
+
+    for t in getattr(transform, "transforms", []):
+        if isinstance(t, RandAugment):
+            for op in t.ops:
+                if op.name.startswith("Posterize"):
+                    op.aug_fn = _posterize
+
+
+def build_transforms(aug: Mapping[str, Any], *, img_size: int):
+    """timm's train transform (random resized crop, flip, RandAugment or colour jitter,
+    normalisation, random erasing) and eval transform (resize, centre crop)."""
+    from timm.data import create_transform
+
+    train = create_transform(
+        img_size,
+        is_training=True,
+        scale=tuple(aug["scale"]),
+        hflip=aug["hflip"],
+        color_jitter=aug["color_jitter"] or None,  # timm adds a no-op ColorJitter for 0
+        auto_augment=aug["auto_augment"] or None,
+        interpolation=aug["interpolation"],
+        re_prob=aug["re_prob"],
+        re_mode=aug["re_mode"],
+        re_count=aug["re_count"],
+    )
+    _patch_posterize(train)
+    evaluation = create_transform(
+        img_size, is_training=False, interpolation=aug["interpolation"], crop_pct=aug["crop_pct"]
+    )
+    return train, evaluation
+
+
+def build_mixup(aug: Mapping[str, Any], *, num_classes: int):
+    """`(mixup_fn or None, train criterion)`: timm's Mixup/CutMix with label smoothing and
+    SoftTargetCrossEntropy; without mixing, label-smoothed (or plain) cross-entropy."""
+    from timm.data import Mixup
+    from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
+
+    if aug["mixup"] > 0 or aug["cutmix"] > 0:
+        mixup = Mixup(
+            mixup_alpha=aug["mixup"],
+            cutmix_alpha=aug["cutmix"],
+            prob=aug["mixup_prob"],
+            switch_prob=aug["mixup_switch_prob"],
+            mode="batch",
+            label_smoothing=aug["smoothing"],
+            num_classes=num_classes,
+        )
+        return mixup, SoftTargetCrossEntropy()
+    if aug["smoothing"] > 0:
+        return None, LabelSmoothingCrossEntropy(smoothing=aug["smoothing"])
+    return None, torch.nn.CrossEntropyLoss()
+
+
+# ---- loaders ---------------------------------------------------------------------------------
+
+
+def _seed_numpy_in_worker(worker_id: int) -> None:
+    # torch seeds `random` and itself in each worker, not numpy, which RandAugment uses.
+    np.random.seed(torch.initial_seed() % 2**32)
+
+
+class TrainLoader:
+    """Shuffled, drop-last batches of one process; `epoch(e)` returns the loader of epoch e.
+
+    Single process: a random permutation drawn from (seed, epoch). DDP: timm's
+    `RepeatAugSampler` (each image `repeated_aug` times per epoch, the copies on different
+    processes; DeiT's repeated augmentation) or, with `repeated_aug <= 1`, a
+    `DistributedSampler`. Worker seeds come from (seed, epoch, rank).
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        *,
+        batch_size: int,
+        seed: int,
+        rank: int,
+        world_size: int,
+        repeated_aug: int,
+        num_workers: int,
+        pin_memory: bool,
+    ) -> None:
+        from torch.utils.data import DistributedSampler
+
+        self.seed, self.rank = seed, rank
+        self.sampler = None
+        if world_size > 1:
+            if repeated_aug > 1:
+                from timm.data.distributed_sampler import RepeatAugSampler
+
+                self.sampler = RepeatAugSampler(dataset, num_replicas=world_size, rank=rank, num_repeats=repeated_aug)
+            else:
+                self.sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True)
+        self.generator = torch.Generator()
+        self.loader = DataLoader(
+            dataset,
+            batch_size=batch_size,
+            shuffle=self.sampler is None,
+            sampler=self.sampler,
+            generator=self.generator,
+            drop_last=True,
+            num_workers=num_workers,
+            pin_memory=pin_memory,
+            worker_init_fn=_seed_numpy_in_worker if num_workers else None,
+        )
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def epoch(self, epoch: int) -> DataLoader:
+        if self.sampler is not None:
+            # The sampler's shuffle seed: the same on every process, different for every run seed.
+            self.sampler.set_epoch(epoch_seed(self.seed, epoch))
+        self.generator.manual_seed(epoch_seed(self.seed, epoch, self.rank + 1))
+        return self.loader
+
+
+def eval_loader(
+    dataset: Dataset, *, batch_size: int, rank: int, world_size: int, num_workers: int, pin_memory: bool
+) -> DataLoader:
+    """Every validation image exactly once over all processes (strided shards, no padding)."""
+    shard = Subset(dataset, range(rank, len(dataset), world_size)) if world_size > 1 else dataset
+    return DataLoader(shard, batch_size=batch_size, shuffle=False, num_workers=num_workers, pin_memory=pin_memory)
