@@ -10,6 +10,7 @@ stay meaningful on a busy machine where absolute seconds do not. Times are the b
 ``--repeats`` runs.
 
     python bench/pruning.py | tee results/bench/pruning.txt
+    OMP_WAIT_POLICY=PASSIVE python bench/pruning.py   # on a shared, oversubscribed machine
 """
 
 from __future__ import annotations
@@ -121,7 +122,12 @@ def main() -> None:
     weights = gpt2_small_weights(seed=0)
     total = sum(w.numel() for w in weights.values())
     processor = platform.processor() or platform.machine()
-    print(f"# command: python bench/pruning.py {' '.join(sys.argv[1:])}".rstrip())
+    # OpenMP threads that spin while waiting burn the cores other jobs need; on a shared,
+    # oversubscribed machine OMP_WAIT_POLICY=PASSIVE changes wall times several-fold.
+    omp_policy = (
+        f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']} " if "OMP_WAIT_POLICY" in os.environ else ""
+    )
+    print(f"# command: {omp_policy}python bench/pruning.py {' '.join(sys.argv[1:])}".rstrip())
     print(f"# date: {datetime.datetime.now().isoformat(timespec='seconds')}")
     threads = torch.get_num_threads()
     print(f"# torch {torch.__version__}, {threads} threads, {processor}, python {platform.python_version()}")

@@ -311,7 +311,6 @@ def train(problem: Problem, method: Method) -> Run:
     if method.hyperbolic:
         group["hyperbolic"] = True
     optimizer = method.build([group])
-    step = 0
     with torch.no_grad():
         for step in range(method.max_steps):
             residual = X @ theta - y
@@ -368,8 +367,10 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 def plot(path: Path, problem: Problem, references: dict[str, np.ndarray], runs: dict[str, Run],
-         methods: list[Method], alpha_curve: dict[float, float]) -> None:  # fmt: skip
-    """Left: sorted coefficient magnitudes; right: L1 norm against alpha for HORST / HORST-sm."""
+         methods: list[Method], *, ham_alpha: float, alpha_curve: dict[float, float]) -> None:  # fmt: skip
+    """Left: sorted coefficient magnitudes; right: L1 norm against alpha for HORST / HORST-sm.
+
+    ``alpha_curve`` maps alpha to the L1 norm of the R_alpha reference (HAM over GD's limit)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -382,31 +383,27 @@ def plot(path: Path, problem: Problem, references: dict[str, np.ndarray], runs: 
     floor = 1e-8
     reference_styles = {"min-L2": ":", "min-L1": "--", "R_alpha": "-."}
     for name, theta in references.items():
-        label = name if name != "R_alpha" else "argmin R_alpha (HAM-GD limit)"
+        label = name if name != "R_alpha" else f"argmin R_alpha, alpha={ham_alpha:g}"
         magnitudes = np.maximum(np.sort(np.abs(theta))[::-1], floor)
         left.semilogy(np.arange(1, len(theta) + 1), magnitudes, reference_styles[name], color="k",
                       label=f"{label} (reference)", linewidth=2.0)  # fmt: skip
     for family in ("GD", "HAM-GD", "Adam", "AdamW", "HORST", "HORST-sm"):
-        if family in by_family:  # the largest alpha of a sweep
-            method = max(by_family[family], key=lambda m: m.alpha or 0.0)
-            magnitudes = np.maximum(np.sort(np.abs(runs[method.name].theta))[::-1], floor)
-            left.semilogy(np.arange(1, len(magnitudes) + 1), magnitudes, label=method.name, linewidth=1.2)
+        method = max(by_family[family], key=lambda m: m.alpha or 0.0)  # a sweep's largest alpha
+        magnitudes = np.maximum(np.sort(np.abs(runs[method.name].theta))[::-1], floor)
+        left.semilogy(np.arange(1, len(magnitudes) + 1), magnitudes, label=method.name, linewidth=1.2)
     left.set(xlabel="rank", ylabel=f"|theta_i| (sorted, floored at {floor:g})", title="coefficient profiles")
     left.legend(fontsize=7)
 
     for family, marker in (("HORST", "o-"), ("HORST-sm", "s-")):
-        sweep = sorted(by_family.get(family, []), key=lambda m: m.alpha)
-        if sweep:
-            l1_norms = [np.abs(runs[m.name].theta).sum() for m in sweep]
-            right.plot([m.alpha for m in sweep], l1_norms, marker, label=family)
-    if alpha_curve:
-        alphas = sorted(alpha_curve)
-        right.plot(alphas, [alpha_curve[a] for a in alphas], "^:", label="argmin R_alpha (HAM-GD limit)")
+        sweep = sorted(by_family[family], key=lambda m: m.alpha)
+        l1_norms = [np.abs(runs[m.name].theta).sum() for m in sweep]
+        right.plot([m.alpha for m in sweep], l1_norms, marker, label=family)
+    alphas = sorted(alpha_curve)
+    right.plot(alphas, [alpha_curve[a] for a in alphas], "^:", label="argmin R_alpha (HAM over GD's limit)")
     for name, color in (("min-L2", "tab:gray"), ("min-L1", "k")):
         right.axhline(np.abs(references[name]).sum(), color=color, linestyle="--", label=name)
-    if "Adam" in by_family:
-        right.axhline(np.abs(runs["Adam"].theta).sum(), color="tab:red", linestyle=":", label="Adam")
-    if any(m.alpha == 0 for m in methods if m.alpha is not None):
+    right.axhline(np.abs(runs["Adam"].theta).sum(), color="tab:red", linestyle=":", label="Adam")
+    if 0 in alphas:  # alpha = 0 is allowed (HORST = AdamW with decay beta)
         right.set_xscale("symlog", linthresh=1.0)
     else:
         right.set_xscale("log")
@@ -449,7 +446,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                       help="uniform theta0 of HAM over GD, HORST, HORST-sm (others start at 0)")  # fmt: skip
     report = parser.add_argument_group("report")
     report.add_argument("--nnz-threshold", type=float, default=1e-3, help="|theta_i| above it is non-zero")
-    report.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for table.md, implicit_bias.png")
+    report.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help="folder for table.md, implicit_bias.png")
     report.add_argument("--no-plot", action="store_true", help="skip the plot")
     args = parser.parse_args(argv)
     for name in ("steps", "max_steps", "ham_warmup"):
@@ -490,7 +488,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     progress = tqdm(methods, desc="methods", unit="run", file=sys.stderr)
     for method in progress:
         progress.set_postfix_str(method.name)
-        runs[method.name] = train(problem, method)
+        try:
+            runs[method.name] = train(problem, method)
+        except FloatingPointError as error:  # a step size too large: say so, no traceback
+            raise SystemExit(f"toy_implicit_bias.py: error: {error}") from None
 
     header = ["method", "theta0", "settings", "steps", "L1", "L2", "Linf",
               "to min-L2", "to min-L1", f"to R_alpha={args.ham_alpha:g}", "nnz", "residual"]  # fmt: skip
@@ -538,7 +539,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         f"{table}\n\n{notes}\n"
     )
     if not args.no_plot:
-        plot(args.out / "implicit_bias.png", problem, references, runs, methods, alpha_curve)
+        plot(args.out / "implicit_bias.png", problem, references, runs, methods,
+             ham_alpha=args.ham_alpha, alpha_curve=alpha_curve)  # fmt: skip
     print(f"\nwrote {args.out / 'table.md'}" + ("" if args.no_plot else " and implicit_bias.png"))
     return {"problem": problem, "references": references, "runs": runs, "methods": methods, "table": table}
 

@@ -183,7 +183,8 @@ def test_orders_part_only_when_alpha_lr_is_large(horst_sweep):
 
 
 def test_script_writes_table_and_plot(tmp_path):
-    argv = ["--n", "8", "--d", "16", "--k", "2", "--steps", "100", "--max-steps", "2000", "--alphas", "10", "30"]
+    argv = ["--n", "8", "--d", "16", "--k", "2", "--steps", "100", "--max-steps", "2000"]
+    argv += ["--alphas", "10", "30"]
     argv += ["--out", str(tmp_path)]
     result = toy.main(argv)
     table = (tmp_path / "table.md").read_text()
