@@ -46,6 +46,7 @@ from training.guards import NON_FINITE_EXIT_CODE, NonFiniteLossError, check_fini
 from training.lm_data import META_FILE, DatasetNotPreparedError, RandomWindows, load_split, prepare_pydoc
 from training.optim import build_optimizer
 from training.perplexity import evaluate_lm
+from training.preemption import PreemptionGuard
 from training.run_log import RunLogger
 from training.schedule import build_lr_scheduler
 
@@ -125,6 +126,12 @@ def run(cfg: DictConfig, *, run_dir: Path, model_preset: str | None = None) -> d
             load_checkpoint(resume_from, map_location=device),
             model=model, optimizer=optimizer, scheduler=scheduler, generators={"batches": batches.generator},
         )  # fmt: skip
+        for key in ("model", "optimizer"):  # continuing another model or optimizer would mislead
+            if state["config"][key] != resolved[key]:
+                raise ConfigError(
+                    f"resume: {resume_from} was trained with {key}={state['config'][key]}, not {resolved[key]}; "
+                    "use resume=never or another run folder (hydra.run.dir=...)"
+                )
         step, elapsed_before, train_loss = state["step"], state["elapsed_s"], state["train_loss"]
         scheduler.step_update(step)
     log = RunLogger(
@@ -151,15 +158,14 @@ def run(cfg: DictConfig, *, run_dir: Path, model_preset: str | None = None) -> d
 
     def save(step: int, train_loss: float) -> None:
         if dist.is_main:
-            path = save_checkpoint(
-                training_state(
-                    model=model, optimizer=optimizer, scheduler=scheduler, step=step, config=resolved,
-                    generators={"batches": batches.generator}, elapsed_s=elapsed_before + time.time() - started,
-                    train_loss=train_loss,
-                ),
-                checkpoint_path(run_dir, step),
+            path = checkpoint_path(run_dir, step)
+            log.checkpoint(path, step=step)  # before the file: a resume from it always finds its marker
+            state = training_state(
+                model=model, optimizer=optimizer, scheduler=scheduler, step=step, config=resolved,
+                generators={"batches": batches.generator}, elapsed_s=elapsed_before + time.time() - started,
+                train_loss=train_loss,
             )  # fmt: skip
-            log.checkpoint(path, step=step)
+            save_checkpoint(state, path)
             prune_old_checkpoints(run_dir, keep=t.keep_checkpoints)
         barrier()
 
@@ -167,6 +173,7 @@ def run(cfg: DictConfig, *, run_dir: Path, model_preset: str | None = None) -> d
     model.train()
     bar = tqdm(total=t.max_steps, initial=step, desc="train", disable=not dist.is_main, dynamic_ncols=True)
     train_seconds, logged_step, tokens_per_s = 0.0, step, float("nan")  # throughput excludes eval/checkpoints
+    preemption = PreemptionGuard()  # SLURM's pre-timeout signal: checkpoint, then requeue
     while step < t.max_steps:
         step_started = time.time()
         # Same global draw on every process; each takes its rows (DDP == one big batch).
@@ -210,7 +217,18 @@ def run(cfg: DictConfig, *, run_dir: Path, model_preset: str | None = None) -> d
             bar.write(f"step {step}: val loss {val['loss']:.4f} (ppl {val['ppl']:.2f}, {val['tokens']} tokens)")
         if (t.checkpoint_interval and step % t.checkpoint_interval == 0) or step == t.max_steps:
             save(step, train_loss)
+        elif preemption.requested():
+            save(step, train_loss)
+            bar.close()
+            log.close()
+            preemption.requeue_or_exit()
+    preemption.close()
     bar.close()
+
+    # The trained dense model's weight distribution (the paper's AdamW vs HORST figure).
+    counts, edges = pruning.magnitude_histogram(prunable, bins=100, log=True)
+    histogram = {"of": "log10|w| of the prunable weights of the trained dense model", "counts": counts, "edges": edges}
+    log.write_json("weight_histogram.json", histogram)
 
     # ---- one-shot magnitude pruning of copies of the trained model, perplexity of each -----
     evaluation = one_shot_pruning(model, cfg, evaluate)

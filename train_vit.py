@@ -76,9 +76,8 @@ def log_weight_histogram(log: RunLogger, weights: dict, *, bins: int, step: int,
     """log10|w| of the non-zero prunable weights: JSONL (counts and edges) and a W&B histogram."""
     counts, edges = pruning.magnitude_histogram(weights, bins=bins, log=True)
     log.log({"epoch": epoch, "weights/log10_abs_counts": counts.tolist(), "weights/log10_abs_edges": edges.tolist()}, step=step)
-    import wandb
-
-    if log.enabled and wandb.run is not None:
+    wandb = sys.modules.get("wandb")  # imported by RunLogger unless W&B is disabled
+    if log.enabled and wandb is not None and wandb.run is not None:
         wandb.run.log({"weights/log10_abs": wandb.Histogram(np_histogram=(counts.numpy(), edges.numpy()))}, step=step)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime
+import os
 import platform
 import statistics
 import sys
@@ -44,7 +45,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per optimizer (compilation)")
     parser.add_argument("--rounds", type=int, default=15, help="timed steps per optimizer")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()[0]
 
     torch.manual_seed(0)
     model_cfg = OmegaConf.create(
@@ -81,7 +86,8 @@ def main() -> None:
     params = sum(p.numel() for p in reference.parameters())
     print(f"# command: python {' '.join(sys.argv)}")
     print(f"# date: {datetime.datetime.now().isoformat(timespec='seconds')}")
-    print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}")
+    print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs ({platform.machine()})")
+    print(f"# 1-minute load average before / after: {load_before:.1f} / {os.getloadavg()[0]:.1f} (other processes slow every row alike)")
     print(
         f"# GPT-2 {args.layers} layers x {args.width} wide, {params / 1e6:.1f}M params, batch {args.batch} x "
         f"{args.context} tokens; median of {args.rounds} round-robin steps after {args.warmup} warm-up steps"

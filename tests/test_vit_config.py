@@ -23,7 +23,7 @@ def _compose(*overrides):
 def test_embedded_default_composes_and_validates():
     cfg = _compose()
     validate(cfg, model_choice="vit_digits", world_size=1)
-    assert cfg.data.name == "digits" and cfg.model.img_size == 8 and cfg.model.patch_size == 2
+    assert cfg.data.name == "digits" and cfg.model.img_size == 8 and cfg.model.patch_size == 4
     assert cfg.optimizer.name == "horst" and (cfg.optimizer.alpha, cfg.optimizer.beta) == (10.0, 0.1)
     assert cfg.acdc.sparsity == 0.9 and cfg.train.epochs == 40
     schedule = acdc_schedule(cfg.acdc, epochs=cfg.train.epochs)

@@ -38,8 +38,8 @@ def git_commit(path: str | os.PathLike = ".") -> str:
 
 def _jsonable(value: Any) -> Any:
     """Plain JSON values; non-finite floats become None (JSON has no NaN)."""
-    if hasattr(value, "item"):  # tensors and numpy scalars
-        value = value.item()
+    if hasattr(value, "tolist"):  # tensors and numpy arrays or scalars
+        value = value.tolist()
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, Mapping):
@@ -137,7 +137,9 @@ class RunLogger:
             self._wandb.log(dict(metrics), step=step)
 
     def checkpoint(self, path: str | os.PathLike, *, step: int) -> None:
-        """Record that a checkpoint of `step` was written (the resume point in the log)."""
+        """Mark the checkpoint of `step` (the resume point in the log). Call it just before
+        writing the checkpoint file: a run killed in between resumes from an earlier
+        checkpoint, whose marker precedes this one, so the log is still cut correctly."""
         if self.enabled:
             self._metrics.write(json.dumps({"step": step, "event": "checkpoint", "path": str(path)}) + "\n")
             self._metrics.flush()

@@ -1,0 +1,56 @@
+"""SLURM's pre-timeout signal: the run checkpoints, exits for requeue, and resumes with no
+lost or repeated step (training/preemption.py)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import torch
+
+from test_gpt2_pipeline import (  # noqa: F401 - fixtures are used by name
+    ROOT, _subprocess_env, compose_cfg, final_params, pydoc_dir, quiet_single_threaded, read_records,
+    tiny_overrides, train_gpt2,
+)  # fmt: skip
+from training.preemption import PREEMPTED_EXIT_CODE
+
+
+def logged_steps(run_dir):
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line)["step"] for line in path.read_text().splitlines() if '"train/loss"' in line]
+
+
+def test_sigusr2_checkpoints_exits_and_resumes_without_lost_or_repeated_steps(pydoc_dir, tmp_path, capsys):
+    # No periodic checkpoint before the end: the one the signal writes is the only one.
+    overrides = tiny_overrides(pydoc_dir, "train.max_steps=16", "train.eval_interval=8",
+                               "train.checkpoint_interval=0", "train.log_interval=1")  # fmt: skip
+    reference = tmp_path / "reference"
+    train_gpt2.run(compose_cfg(overrides), run_dir=reference, model_preset="gpt2_nano")
+
+    run_dir = tmp_path / "preempted"
+    command = [sys.executable, str(ROOT / "train_gpt2.py"), *overrides, f"hydra.run.dir={run_dir}"]
+    child = subprocess.Popen(command, env=_subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while len(logged_steps(run_dir)) < 3 and child.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    child.send_signal(signal.SIGUSR2)
+    child.wait(timeout=120)
+    assert child.returncode == PREEMPTED_EXIT_CODE, child.stderr.read().decode()[-2000:]
+    (checkpoint,) = run_dir.glob("ckpt_*.pt")
+    stopped_at = int(checkpoint.stem.split("_")[1])
+    assert 3 <= stopped_at < 16 and not (run_dir / "summary.json").exists()
+    assert logged_steps(run_dir) == list(range(1, stopped_at + 1))
+
+    train_gpt2.run(compose_cfg(overrides), run_dir=run_dir, model_preset="gpt2_nano")  # the requeued job
+    assert f"resumed from {checkpoint}" in capsys.readouterr().out
+    assert logged_steps(run_dir) == list(range(1, 17))  # each step once
+    without_markers = lambda d: [r for r in read_records(d) if r.get("event") != "checkpoint"]  # noqa: E731
+    assert without_markers(run_dir) == without_markers(reference)
+    expected, actual = final_params(reference), final_params(run_dir)
+    for name in expected:
+        assert torch.equal(expected[name], actual[name]), name

@@ -1,0 +1,294 @@
+"""End-to-end tests of train_vit.py on CPU: a tiny ImageNet-layout folder through the DeiT
+recipe under AC/DC, resume in the middle of a compressed phase, the embedded default, CLI errors."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from PIL import Image
+
+import pruning
+
+ROOT = Path(__file__).resolve().parents[1]
+QUIET_ENV = {"HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "HORST_FUSED": "0"}
+CLASSES = ("n01440764", "n01443537", "n01484850")
+
+
+def _load_entry_point():
+    spec = importlib.util.spec_from_file_location("train_vit", ROOT / "train_vit.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+train_vit = _load_entry_point()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def quiet_env():
+    """Module-wide (the shared reference run too): offline, plain optimizer path, and one
+    thread, so that every run here uses the same kernels (and tiny matrices run fastest)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in QUIET_ENV.items():
+            patch.setenv(key, value)
+        yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def imagenet_root(tmp_path_factory) -> Path:
+    """ImageNet layout: train/<wnid>/*.png (8 per class), val/<wnid>/*.png (4 per class);
+    each class a colour, with noise."""
+    root = tmp_path_factory.mktemp("imagenet")
+    rng = np.random.default_rng(0)
+    for label, wnid in enumerate(CLASSES):
+        for split, count in (("train", 8), ("val", 4)):
+            folder = root / split / wnid
+            folder.mkdir(parents=True)
+            for i in range(count):
+                pixels = rng.integers(0, 80, (20, 20, 3))
+                pixels[..., label] += 170
+                Image.fromarray(pixels.astype(np.uint8)).save(folder / f"{wnid}_{i}.png")
+    return root
+
+
+def _compose(overrides: list[str]):
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        return compose("train_vit", overrides=overrides)
+
+
+# dense 0; compressed 1-2; decompressed 3; compressed 4-5.
+SHORT_ACDC = [
+    "acdc.dense_warmup=1", "acdc.compressed=2", "acdc.decompressed=1",
+    "acdc.final_decompressed=1", "acdc.final_compressed=2", "train.epochs=6",
+]  # fmt: skip
+EXPECTED_PHASES = ["dense", "compressed", "compressed", "decompressed", "compressed", "compressed"]
+
+
+def deit_overrides(root: Path, *extra: str) -> list[str]:
+    """The DeiT recipe (RandAugment, random erasing, Mixup/CutMix, drop path, warm-up + cosine)
+    on a 16x16 ViT and the tiny folder: 3 updates of 8 images per epoch."""
+    return [
+        "vit_recipe=deit_imagenet", "model=vit_nano", f"data.root={root}", "data.num_workers=1",
+        "device=cpu", "train.batch_size=8", "train.base_batch_size=8", "train.warmup_epochs=1",
+        "train.eval_batch_size=8", "train.log_interval=2", "acdc.sparsity=0.8", *SHORT_ACDC, *extra,
+    ]  # fmt: skip
+
+
+def read_records(run_dir: Path) -> list[dict]:
+    """The JSONL log without the fields that depend on wall-clock time or paths."""
+    volatile = {"time", "images_per_s", "path"}
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k not in volatile} for line in lines]
+
+
+@pytest.fixture(scope="module")
+def deit_run(imagenet_root, tmp_path_factory):
+    """One run of the tiny DeiT setting, watched: the optimizer's first moments right after
+    every restore, the prunable weights at the end of every epoch."""
+    run_dir = tmp_path_factory.mktemp("deit_run")
+    watched = {"moments_after_restore": [], "zeros_per_epoch": [], "prune_calls": []}
+    original_reset, original_evaluate = pruning.reset_optimizer_moments, train_vit.evaluate
+    original_prune = pruning.Sparsifier.prune
+
+    def prune_and_record(sparsifier, sparsity, **kwargs):
+        watched["prune_calls"].append((len(watched["zeros_per_epoch"]), sparsity, kwargs))
+        return original_prune(sparsifier, sparsity, **kwargs)
+
+    def reset_and_record(optimizer, params, **kwargs):
+        original_reset(optimizer, params, **kwargs)
+        watched["moments_after_restore"].append([optimizer.state[p]["exp_avg"].abs().max().item() for p in params.values()])
+
+    def evaluate_and_record(model, *args, **kwargs):
+        weights = pruning.prunable_parameters(model, "vit")
+        watched["zeros_per_epoch"].append({n: (w == 0).clone() for n, w in weights.items()})
+        return original_evaluate(model, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pruning, "reset_optimizer_moments", reset_and_record)
+        patch.setattr(train_vit, "evaluate", evaluate_and_record)
+        patch.setattr(pruning.Sparsifier, "prune", prune_and_record)
+        # W&B offline here (disabled elsewhere): the weight histograms go to W&B as well.
+        overrides = deit_overrides(imagenet_root, "logging.mode=offline")
+        summary = train_vit.run(_compose(overrides), run_dir=run_dir, model_preset="vit_nano")
+    return summary, run_dir, watched
+
+
+def test_tiny_imagefolder_end_to_end(deit_run):
+    summary, run_dir, _ = deit_run
+    for name in ("summary.json", "config.yaml", "metrics.jsonl", "wandb_id.txt"):
+        assert (run_dir / name).is_file(), name
+    assert json.loads((run_dir / "summary.json").read_text()) == summary
+    # Self-describing for the result tables: model, optimizer and its hyperparameters, sparsity, accuracy, seed.
+    assert summary["pipeline"] == "vit" and summary["model"]["preset"] == "vit_nano"
+    assert summary["model"]["timm_name"] == "vit_tiny_patch16_224" and summary["model"]["num_classes"] == 3
+    opt = summary["optimizer"]
+    assert (opt["name"], opt["alpha"], opt["beta"], opt["weight_decay"], opt["lr"]) == ("horst", 10.0, 0.1, 0.05, 5e-4)
+    assert summary["data"] == {
+        "name": "imagefolder", "root": str(summary["data"]["root"]), "train_images": 24, "val_images": 12, "num_classes": 3,
+    }  # fmt: skip
+    assert summary["seed"] == 0 and summary["target_sparsity"] == 0.8 and summary["final_phase"] == "compressed"
+    assert summary["acdc"]["prune_epochs"] == [1, 4] and summary["acdc"]["restore_epochs"] == [3]
+    assert summary["train"]["steps"] == 6 * 3 and summary["train"]["epochs"] == 6
+    assert 0 <= summary["top1"] <= summary["top5"] <= 1
+    assert summary["top1"] == summary["epochs"][-1]["top1"]
+    assert [e["phase"] for e in summary["epochs"]] == EXPECTED_PHASES
+    assert sorted(p.name for p in run_dir.glob("ckpt_*.pt")) == ["ckpt_00000015.pt", "ckpt_00000018.pt"]
+
+    records = read_records(run_dir)
+    epochs = [r for r in records if "val/top1" in r]
+    assert [(r["val/epoch"], r["val/phase"]) for r in epochs] == list(enumerate(EXPECTED_PHASES))
+    assert [r["step"] for r in epochs] == [3, 6, 9, 12, 15, 18]
+    layers = [k for k in epochs[0] if k.startswith("sparsity/")]
+    assert len(layers) == 2 * 4 and "sparsity/blocks.1.mlp.fc2.weight" in layers
+    histograms = [r for r in records if "weights/log10_abs_counts" in r]
+    assert len(histograms) == 6
+    assert len(histograms[-1]["weights/log10_abs_counts"]) == 100 and len(histograms[-1]["weights/log10_abs_edges"]) == 101
+    # Non-zero weights only: the final model's histogram counts the 20 % that survive.
+    numel = summary["model"]["prunable_parameters"]
+    assert sum(histograms[-1]["weights/log10_abs_counts"]) == numel - math.floor(0.8 * numel)
+    assert [r["step"] for r in records if "train/loss" in r] == [2, 4, 6, 8, 10, 12, 14, 16, 18]
+
+
+def test_acdc_phases_change_on_schedule_with_exact_target_sparsity(deit_run):
+    summary, _, watched = deit_run
+    numel = summary["model"]["prunable_parameters"]
+    exact = math.floor(0.8 * numel) / numel  # global magnitude pruning: exactly floor(s * n) zeros
+    for record in summary["epochs"]:
+        if record["phase"] == "compressed":
+            assert record["sparsity"] == exact, record
+        else:
+            assert record["sparsity"] < 0.01, record  # dense, or pruned weights grown back
+    assert summary["measured_sparsity"] == exact
+    assert sum(summary["per_layer_sparsity"].values()) / len(summary["per_layer_sparsity"]) > 0.5
+
+    zeros = watched["zeros_per_epoch"]
+    # Within a compressed phase the mask is held: the same weights are zero after every epoch.
+    assert all(torch.equal(zeros[1][n], zeros[2][n]) for n in zeros[1])
+    assert all(torch.equal(zeros[4][n], zeros[5][n]) for n in zeros[4])
+    # Each compressed phase computes its mask afresh (global magnitude), at its first epoch.
+    assert watched["prune_calls"] == [(1, 0.8, {"scope": "global"}), (4, 0.8, {"scope": "global"})]
+    # One restore (epoch 3), and the first moments of the prunable weights were reset there.
+    assert len(watched["moments_after_restore"]) == 1
+    assert max(watched["moments_after_restore"][0]) == 0.0
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_resume_mid_compressed_phase_matches_uninterrupted_run(deit_run, imagenet_root, tmp_path, monkeypatch):
+    _, reference, _ = deit_run
+    overrides = deit_overrides(imagenet_root, "train.keep_checkpoints=10")
+    save_checkpoint = train_vit.save_checkpoint
+
+    def save_then_die_after_epoch_1(state, path):
+        save_checkpoint(state, path)
+        if state["epoch"] == 2:  # epoch 1 done; epoch 2 is the second of the compressed phase 1-2
+            raise Interrupted
+
+    run_dir = tmp_path / "interrupted"
+    monkeypatch.setattr(train_vit, "save_checkpoint", save_then_die_after_epoch_1)
+    with pytest.raises(Interrupted):
+        train_vit.run(_compose(overrides), run_dir=run_dir, model_preset="vit_nano")
+    monkeypatch.setattr(train_vit, "save_checkpoint", save_checkpoint)
+    from training.checkpoint import load_checkpoint
+
+    interrupted_at = load_checkpoint(run_dir / "ckpt_00000006.pt")
+    assert interrupted_at["epoch"] == 2 and interrupted_at["masks"]["masks"]  # mid-phase, masks saved
+
+    summary = train_vit.run(_compose(overrides), run_dir=run_dir, model_preset="vit_nano")
+
+    # The epoch-2 checkpoint of the resumed run kept the masks it was resumed with.
+    resumed_epoch_2 = load_checkpoint(run_dir / "ckpt_00000009.pt")["masks"]["masks"]
+    assert all(torch.equal(resumed_epoch_2[n], m) for n, m in interrupted_at["masks"]["masks"].items())
+    expected = load_checkpoint(reference / "ckpt_00000018.pt")
+    actual = load_checkpoint(run_dir / "ckpt_00000018.pt")
+    assert expected["model"].keys() == actual["model"].keys()
+    for name in expected["model"]:
+        assert torch.equal(expected["model"][name], actual["model"][name]), name
+    assert summary["epochs"] == json.loads((reference / "summary.json").read_text())["epochs"]
+    # The log reads as an uninterrupted run's (checkpoint markers aside: this run kept more).
+    strip = lambda records: [r for r in records if r.get("event") != "checkpoint"]  # noqa: E731
+    assert strip(read_records(run_dir)) == strip(read_records(reference))
+
+
+def test_embedded_default_with_fewer_epochs(tmp_path, monkeypatch, capsys):
+    """`python train_vit.py` (digits, 90 %), with 5 epochs instead of 40: dense 0, compressed 1,
+    decompressed 2, compressed 3-4."""
+    run_dir = tmp_path / "default"
+    short = [
+        "train.epochs=5", "train.warmup_epochs=1", "acdc.dense_warmup=1", "acdc.compressed=1",
+        "acdc.decompressed=1", "acdc.final_decompressed=1", "acdc.final_compressed=2",
+    ]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", ["train_vit.py", *short, f"hydra.run.dir={run_dir}"])
+    train_vit.main()
+    printed = capsys.readouterr().out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["data"]["name"] == "digits" and summary["data"]["val_images"] == 360
+    assert summary["model"]["preset"] == "vit_digits" and summary["optimizer"]["name"] == "horst"
+    assert summary["measured_sparsity"] == pytest.approx(0.9, abs=1e-5) and summary["final_phase"] == "compressed"
+    assert summary["top1"] > 0.3  # 10 classes: chance is 0.1
+    assert f"top-1 {summary['top1']:.4f}" in printed and "measured sparsity 0.9000" in printed
+
+
+def test_cli_errors_are_one_line_and_nonzero(tmp_path, monkeypatch):
+    cases = [
+        (["train.epochs=41"], "error: acdc phases do not fit train.epochs=41"),
+        (["experiment=deit_tiny_acdc_s70"], "error: data.root is not set; pass data.root=/path/to/imagenet"),
+        (["experiment=deit_tiny_acdc_s70", f"data.root={tmp_path}/none"], f"error: data.root={tmp_path}/none does not exist"),
+    ]
+    for overrides, message in cases:
+        monkeypatch.setattr(sys, "argv", ["train_vit.py", *overrides, f"hydra.run.dir={tmp_path / 'run'}"])
+        with pytest.raises(SystemExit) as exit_info:
+            train_vit.main()
+        assert str(exit_info.value.code).startswith(message) and "\n" not in exit_info.value.code
+
+
+
+def test_non_finite_loss_exits_nonzero_and_keeps_last_good_checkpoint(imagenet_root, tmp_path, monkeypatch, capsys):
+    run_dir = tmp_path / "run"
+    # alpha * lr = 1e5: the mirror step blows the weights up within a few updates.
+    overrides = deit_overrides(imagenet_root, "train.base_lr=1.0", "train.min_lr=0.1", "optimizer.alpha=1e5")
+    monkeypatch.setattr(sys, "argv", ["train_vit.py", *overrides, f"hydra.run.dir={run_dir}"])
+    with pytest.raises(SystemExit) as exit_info:
+        train_vit.main()
+    assert exit_info.value.code == 3
+    message = capsys.readouterr().err
+    assert "training loss is nan" in message or "training loss is inf" in message
+    checkpoints = sorted(run_dir.glob("ckpt_*.pt"))
+    assert f"Last good checkpoint: {checkpoints[-1] if checkpoints else 'none yet'}" in message
+    assert not (run_dir / "summary.json").exists()
+
+@pytest.mark.slow
+def test_ddp_two_processes_with_repeated_augmentation(imagenet_root, tmp_path):
+    import os
+    import subprocess
+
+    run_dir = tmp_path / "ddp"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+        str(ROOT / "train_vit.py"), *deit_overrides(imagenet_root), f"hydra.run.dir={run_dir}",
+    ]  # fmt: skip
+    env = {**os.environ, **QUIET_ENV, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["train"]["world_size"] == 2
+    # RepeatAugSampler: each process takes len(dataset) / 2 = 12 images per epoch, 3 updates
+    # of 4; every validation image is counted once over both processes.
+    assert summary["train"]["steps"] == 6 * 3
+    assert summary["data"]["val_images"] == 12
+    numel = summary["model"]["prunable_parameters"]
+    assert summary["measured_sparsity"] == math.floor(0.8 * numel) / numel
+    assert [e["phase"] for e in summary["epochs"]] == EXPECTED_PHASES
