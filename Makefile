@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) scripts/toy_implicit_bias.py
+	$(PY) scripts/demo.py
 
 test: $(STAMP)
 	$(PY) -m pytest -q
@@ -32,6 +32,8 @@ test-all: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/optimizer_step.py | tee results/bench/optimizer_step.txt
+	$(PY) bench/pruning.py | tee results/bench/pruning.txt
+	$(PY) bench/train_step.py --threads 1 | tee results/bench/train_step.txt
 
 clean:
 	rm -rf $(VENV) outputs multirun .pytest_cache

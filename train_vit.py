@@ -16,7 +16,6 @@ checkpoints (masks and phase included) and summary.json.
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 from pathlib import Path
@@ -32,7 +31,6 @@ import pruning
 from training.checkpoint import (
     CheckpointError,
     checkpoint_path,
-    latest_checkpoint,
     load_checkpoint,
     prune_old_checkpoints,
     resolve_resume,
@@ -43,6 +41,7 @@ from training.checkpoint import (
 from training.config import ConfigError
 from training.distributed import all_reduce_mean, barrier, init_distributed, shutdown_distributed
 from training.env import autocast, autocast_dtype, device_type, seed_everything, select_device
+from training.guards import NON_FINITE_EXIT_CODE, NonFiniteLossError, check_finite_loss
 from training.optim import build_optimizer
 from training.run_log import RunLogger
 from training.schedule import build_lr_scheduler
@@ -53,10 +52,6 @@ register_configs()
 
 # A checkpoint written with other values of these cannot be continued by this config.
 RESUME_MUST_MATCH = ("model", "data.name", "train.epochs", "train.batch_size", "acdc", "optimizer.name")
-
-
-class NonFiniteLossError(RuntimeError):
-    pass
 
 
 def check_resumable(saved: dict, current: dict, path: Path) -> None:
@@ -188,13 +183,9 @@ def run(cfg: DictConfig, *, run_dir: Path, model_preset: str | None = None) -> d
                 output = train_model(images)
             loss = criterion(output.float(), targets)
             train_loss = all_reduce_mean(loss.detach().clone()).item()
-            if not math.isfinite(train_loss):
-                last = latest_checkpoint(run_dir)
-                raise NonFiniteLossError(
-                    f"training loss is {train_loss} at step {step + 1} (epoch {epoch}, {phase} phase); stopped before "
-                    f"updating the weights. Last good checkpoint: {last or 'none yet'}. Lower train.base_lr (or "
-                    "optimizer.alpha) and rerun" + (" (resume=auto continues from that checkpoint)" if last else "")
-                )
+            check_finite_loss(
+                train_loss, step=step + 1, run_dir=run_dir, hint=f"train.base_lr (epoch {epoch}, {phase} phase)"
+            )
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if t.grad_clip > 0:
@@ -323,7 +314,7 @@ def main(cfg: DictConfig) -> None:
         sys.exit(f"error: {error}")
     except NonFiniteLossError as error:
         print(f"error: {error}", file=sys.stderr)
-        sys.exit(3)
+        sys.exit(NON_FINITE_EXIT_CODE)
     finally:
         shutdown_distributed()
 

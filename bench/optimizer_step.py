@@ -11,6 +11,7 @@ seconds per step and the ratio to ``torch.optim.AdamW(fused=True)``, the target 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
 import time
@@ -77,7 +78,7 @@ def main() -> None:
     print(f"# bench/optimizer_step.py --rounds {args.rounds} --steps {args.steps} --device {args.device}")
     print(f"# torch {torch.__version__}, {platform.processor() or platform.machine()}, "
           f"{torch.get_num_threads()} threads, {n_params / 1e6:.1f}M fp32 params (GPT-2 Small), "
-          f"{len(params)} tensors")
+          f"{len(params)} tensors, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(f"# median over {args.rounds} interleaved rounds of {args.steps} steps; "
           "ratio = s/step / AdamW fused; target <= 1.10 for HORST/HAM fast path")
     print(f"{'optimizer':<26} {'s/step':>9} {'ratio':>7} {'min':>9} {'max':>9} {'first step (s)':>15}")

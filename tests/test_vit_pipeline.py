@@ -16,6 +16,7 @@ from hydra import compose, initialize_config_dir
 from PIL import Image
 
 import pruning
+from training.guards import NON_FINITE_EXIT_CODE
 
 ROOT = Path(__file__).resolve().parents[1]
 QUIET_ENV = {"HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "HORST_FUSED": "0"}
@@ -263,7 +264,7 @@ def test_non_finite_loss_exits_nonzero_and_keeps_last_good_checkpoint(imagenet_r
     monkeypatch.setattr(sys, "argv", ["train_vit.py", *overrides, f"hydra.run.dir={run_dir}"])
     with pytest.raises(SystemExit) as exit_info:
         train_vit.main()
-    assert exit_info.value.code == 3
+    assert exit_info.value.code == NON_FINITE_EXIT_CODE
     message = capsys.readouterr().err
     assert "training loss is nan" in message or "training loss is inf" in message
     checkpoints = sorted(run_dir.glob("ckpt_*.pt"))
