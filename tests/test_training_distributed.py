@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from training import distributed
@@ -11,9 +13,15 @@ LAUNCH_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
 
 
 @pytest.fixture(autouse=True)
-def clean_env(monkeypatch):
+def clean_env():
+    """No launcher variables in, none out: `_discover_launcher` exports RANK/WORLD_SIZE/...,
+    which would make every later in-process run wait for a process group."""
+    saved = dict(os.environ)
     for key in LAUNCH_VARS:
-        monkeypatch.delenv(key, raising=False)
+        os.environ.pop(key, None)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 def test_single_process_without_launcher():
@@ -27,8 +35,6 @@ def test_slurm_variables_become_torch_env(monkeypatch):
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu[07-08]")
     distributed._discover_launcher()
-    import os
-
     assert (os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"]) == ("3", "4", "1")
     assert os.environ["MASTER_ADDR"] == "gpu07"
     assert 20000 <= int(os.environ["MASTER_PORT"]) <= 60000
