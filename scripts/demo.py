@@ -35,12 +35,19 @@ REPO = Path(__file__).resolve().parents[1]
 OPTIMIZERS = ("adamw", "ham", "horst")
 PIPELINES = {"vit": "train_vit.py", "gpt2": "train_gpt2.py"}
 # Overrides of the embedded defaults (configs/train_*.yaml; ViT: AC/DC at 90 %, GPT-2:
-# one-shot pruning at 0, 50, ..., 90 %), recorded in the README. None are needed: on 2 idle
-# cores a ViT run takes about 1 min and a GPT-2 run about 2-2.5 min (150 updates of 8 x 128
-# tokens, then perplexity on all validation tokens at six sparsities), about 10 min in all.
-# Measured on 2 cores shared with other jobs (load 4-6): ViT 210 s wall / 135 s CPU, GPT-2
-# 950 s wall / 460 s CPU, i.e. inflated several-fold.
-DEMO_OVERRIDES: dict[str, list[str]] = {"vit": [], "gpt2": []}
+# one-shot pruning at 0, 50, ..., 90 %), recorded in the README. Measured on this project's
+# 2-core machine: a ViT run takes 86 s with the cores idle; a GPT-2 update of 8 x 128 tokens
+# 1.3 s (the 50257-word output layer dominates), so the GPT-2 default (150 updates, then
+# perplexity on all 109 validation windows at six sparsities) takes ~4.5 min and the demo
+# ~18 min. Half the batch (150 updates of 4 x 128 tokens, ~0.75 s each) and the first 64
+# validation windows (8,192 tokens, the same for every optimizer and sparsity) bring a GPT-2
+# run to ~3 min and the demo to ~13 min. With the cores shared by other jobs, all of it is
+# slower (the README records the load).
+DEMO_OVERRIDES: dict[str, list[str]] = {
+    "vit": [],
+    "gpt2": ["train.batch_size=4", "train.micro_batch_size=4", "eval.max_windows=64"],
+}
+IDLE_ESTIMATE = "about 1.5 min per ViT run and 3 min per GPT-2 run, 13 min in all"
 ENVIRONMENT = {
     "HF_HUB_OFFLINE": "1",
     "HF_DATASETS_OFFLINE": "1",
@@ -129,19 +136,19 @@ def execute(run: DemoRun, *, env: dict[str, str] | None = None) -> float:
     return seconds
 
 
-def git_commit() -> str:
-    """Short commit of the code, `-dirty` when tracked or untracked files other than the
-    demo's own outputs (results/demo/) differ from it."""
+def git_commit() -> tuple[str, list[str]]:
+    """Short commit of the code, with `-dirty` when files other than the demo's own outputs
+    (results/demo/) differ from it, and the list of those files."""
 
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout
 
     try:
-        commit = git("rev-parse", "--short", "HEAD")
-        dirty = git("status", "--porcelain", "--", ".", ":(exclude)results/demo")
+        commit = git("rev-parse", "--short", "HEAD").strip()
+        changed = [line[3:] for line in git("status", "--porcelain", "--", ".", ":(exclude)results/demo").splitlines()]
     except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git checkout)"
-    return commit + ("-dirty" if dirty else "")
+        return "unknown (not a git checkout)", []
+    return commit + ("-dirty" if changed else ""), changed
 
 
 def machine() -> str:
@@ -185,28 +192,31 @@ def scale(summaries: dict[str, dict]) -> str:
         m, d, t = gpt2["model"], gpt2["data"], gpt2["train"]
         parts.append(
             f"a {m['n_layer']}-layer, {m['n_embd']}-wide GPT-2 ({m['parameters'] / 1e6:.1f}M parameters, most of "
-            f"them the token embedding) trained for {t['steps']} steps on {t['tokens_trained']:,} tokens of "
-            f"CPython's pydoc text ({d['train_tokens']:,} distinct training tokens; perplexity on "
-            f"{d['val_tokens']:,} validation tokens), instead of GPT-2 Small on SlimPajama-6B"
+            f"them the token embedding) trained for {t['steps']} steps of {t['batch_size']} x {t['context']} tokens "
+            f"({t['tokens_trained']:,} tokens) on CPython's pydoc text ({d['train_tokens']:,} distinct training "
+            f"tokens), perplexity on {gpt2['pruning']['tokens']:,} validation tokens, instead of GPT-2 Small on "
+            "SlimPajama-6B"
         )
     return "; and ".join(parts)
 
 
 def readme(
-    *, command: str, commit: str, started: datetime.datetime, runs: list[DemoRun], seconds: dict[str, float],
+    *, command: str, commit: str, changed: list[str], started: datetime.datetime, runs: list[DemoRun], seconds: dict[str, float],
     summaries: dict[str, dict], total_s: float, tables_cmd: str, tables_md: str, load_before: str, load_after: str,
 ) -> str:  # fmt: skip
-    overrides = "; ".join(f"{p}: {' '.join(o)}" for p, o in DEMO_OVERRIDES.items() if o) or "none"
+    overrides = "; ".join(f"{p}: `{' '.join(o)}`" for p, o in DEMO_OVERRIDES.items() if o) or "none"
+    uncommitted = f" (uncommitted changes then: {', '.join(changed)})" if changed else ""
     run_lines = "\n".join(f"| {r.name} | `{r.command}` | {seconds[r.name]:.0f} |" for r in runs)
     seeds = sorted({str(s.get("seed")) for s in summaries.values()})
     return f"""# The embedded reproduction (`make demo`)
 
-Produced by `{command}` (what `make demo` runs) at commit `{commit}` on {started:%Y-%m-%d %H:%M} UTC.
+Produced by `{command}` (what `make demo` runs) at commit `{commit}`{uncommitted} on
+{started:%Y-%m-%d %H:%M} UTC.
 Machine: {machine()}. Load average (1, 5, 15 min) before the demo {load_before}, after it
 {load_after}: a load above the core count means other processes shared the cores, and the
-wall times below are inflated accordingly (the configs estimate about 1 min per ViT run and
-2 min per GPT-2 run on 2 idle cores).
-Total wall time {total_s / 60:.1f} min. Overrides of the embedded defaults: {overrides}.
+wall times below are inflated accordingly (on 2 idle cores: {IDLE_ESTIMATE}).
+Total wall time {total_s / 60:.1f} min. Overrides of the embedded defaults (to stay within
+15 min on 2 cores; see scripts/demo.py): {overrides}.
 
 | run | command | wall time (s) |
 |---|---|---:|
@@ -245,7 +255,7 @@ def main(argv: list[str] | None = None) -> None:
     runs_dir, out = Path(args.runs_dir), Path(args.out)
 
     command = shlex.join(["python", _shown(Path(__file__)), *(argv if argv is not None else sys.argv[1:])])
-    commit, started, load_before = git_commit(), datetime.datetime.now(datetime.timezone.utc), _load()
+    (commit, changed), started, load_before = git_commit(), datetime.datetime.now(datetime.timezone.utc), _load()
     runs = plan(runs_dir)
     if runs_dir.exists():
         shutil.rmtree(runs_dir)
@@ -271,7 +281,7 @@ def main(argv: list[str] | None = None) -> None:
     summaries = {run.name: json.loads((run.run_dir / "summary.json").read_text()) for run in runs}
     (out / "README.md").write_text(
         readme(
-            command=command, commit=commit, started=started, runs=runs, seconds=seconds, summaries=summaries,
+            command=command, commit=commit, changed=changed, started=started, runs=runs, seconds=seconds, summaries=summaries,
             total_s=total_s, tables_cmd=tables_cmd, tables_md=tables_md, load_before=load_before, load_after=_load(),
         )
     )  # fmt: skip

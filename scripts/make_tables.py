@@ -610,8 +610,12 @@ def weight_figure(runs: list[Run], path: Path) -> list[str]:
         where = items[0][2][2]
         if pipeline == "gpt2":
             what = "trained model, before pruning"
-        elif "decompressed" in where or "(dense)" in where:
-            what = f"AC/DC at {_pct(sparsity)}, last dense epoch before the final pruning"
+        elif "decompressed" in where:
+            # The weights pruned until the last restore grew back from 0 since: the left mode.
+            what = (f"AC/DC at {_pct(sparsity)}, last dense epoch before the final pruning\n"
+                    "(left mode: weights regrown from 0 since the last restore)")  # fmt: skip
+        elif "(dense)" in where:
+            what = f"AC/DC at {_pct(sparsity)}, last dense epoch"
         else:
             what = f"AC/DC at {_pct(sparsity)}, {where}"
         ax.set_title(f"{model} ({data}): {what}", fontsize=9)

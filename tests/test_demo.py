@@ -88,8 +88,11 @@ def test_demo_writes_tables_and_readme(tmp_path: Path, monkeypatch):
     (out / "stale.txt").write_text("from an earlier demo")
     demo.main(["--runs-dir", str(tmp_path / "runs"), "--out", str(out)])
     readme = (out / "README.md").read_text()
-    assert "Overrides of the embedded defaults: none" in readme
-    assert f"`python train_gpt2.py optimizer=horst hydra.run.dir={tmp_path / 'runs' / 'gpt2_horst'}` | 12 |" in readme
+    assert f"gpt2: `{' '.join(demo.DEMO_OVERRIDES['gpt2'])}`" in readme
+    command = shlex.join(["python", "train_gpt2.py", "optimizer=horst", f"hydra.run.dir={tmp_path / 'runs' / 'gpt2_horst'}",
+                          *demo.DEMO_OVERRIDES["gpt2"]])  # fmt: skip
+    assert f"| gpt2_horst | `{command}` | 12 |" in readme
+    assert "at commit `" in readme
     assert "Small models on small data" in readme and "8x8 digits (1437 training / 360 validation images)" in readme
     assert "| digits | vit_digits | horst (alpha=10, beta=0.1) | 95.00 |" in readme  # the tables, inline
     assert "better than adamw at 3 of 3 sparsities" in readme
