@@ -633,6 +633,13 @@ def weight_figure(runs: list[Run], path: Path) -> list[str]:
 # -------------------------------------------------------------------------------- main
 
 
+def _short_commit(commit: str | None) -> str:
+    """First 12 hex digits, keeping the `-dirty` mark of run_log.git_commit."""
+    if not commit:
+        return "unknown"
+    return commit[:12] + ("-dirty" if commit.endswith("-dirty") else "")
+
+
 def make_tables(dirs: Sequence[str | Path], out: str | Path, *, paper_csv: Path = PAPER_CSV) -> str:
     """Write tables, figures and tables.md into `out`; return the markdown."""
     runs = find_runs(dirs)
@@ -669,7 +676,7 @@ def make_tables(dirs: Sequence[str | Path], out: str | Path, *, paper_csv: Path 
     )
     text += f"\n\n### Runs ({len(runs)})\n\n" + "\n".join(
         f"- {_relative(r.folder, Path.cwd())}: {r.pipeline}, {model_label(r.summary)}, "
-        f"{optimizer_label(r.summary['optimizer'])}, seed {r.seed}, commit {str(r.summary.get('git_commit', '?'))[:12]}"
+        f"{optimizer_label(r.summary['optimizer'])}, seed {r.seed}, commit {_short_commit(r.summary.get('git_commit'))}"
         for r in runs
     ) + "\n"  # fmt: skip
     (out / "tables.md").write_text(text)

@@ -161,6 +161,8 @@ def test_mean_std_over_seeds_and_paper_column(built):
     # Digits: no paper number, and the base/tiny paper rows do not appear (models we did not run).
     assert "| digits | vit_digits | adamw | 93.00 |" in text
     assert "deit_base" not in text
+    # The run list keeps the commit's -dirty mark (ViT fixtures are dirty, GPT-2 ones clean).
+    assert "seed 1, commit 0123456789ab-dirty" in text and "seed 0, commit 0123456789ab\n" in text
 
 
 def test_gpt2_table_and_claims(built):
