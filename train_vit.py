@@ -11,7 +11,9 @@ block matrices, recomputed at the start of each, held fixed) alternating with de
 ones (pruned weights restart from 0, the optimizer's first moment is reset), ending with a
 long compressed phase whose sparse model is the result. Every epoch ends with top-1/top-5 on
 the validation set, tagged with its phase. The run folder holds config.yaml, metrics.jsonl,
-checkpoints (masks and phase included) and summary.json.
+checkpoints (masks and phase included) and summary.json. On SLURM's pre-timeout signal the
+run checkpoints at the next batch and requeues (training/preemption.py); the requeued run
+continues that epoch from the next batch, with no update lost or repeated.
 """
 
 from __future__ import annotations
@@ -40,9 +42,10 @@ from training.checkpoint import (
 )
 from training.config import ConfigError
 from training.distributed import all_reduce_mean, barrier, init_distributed, shutdown_distributed
-from training.env import autocast, autocast_dtype, device_type, seed_everything, select_device
+from training.env import autocast, autocast_dtype, device_type, seed_everything, seed_rngs, select_device
 from training.guards import NON_FINITE_EXIT_CODE, NonFiniteLossError, check_finite_loss
 from training.optim import build_optimizer
+from training.preemption import PreemptionGuard
 from training.run_log import RunLogger
 from training.schedule import build_lr_scheduler
 from training.vit import acdc_schedule, build_model, evaluate, register_configs, scaled_lr, validate
@@ -50,14 +53,18 @@ from training.vit_data import DataLayoutError, TrainLoader, build_datasets, buil
 
 register_configs()
 
-# A checkpoint written with other values of these cannot be continued by this config.
+# A checkpoint written with other values of these cannot be continued by this config ...
 RESUME_MUST_MATCH = ("model", "data.name", "train.epochs", "train.batch_size", "acdc", "optimizer.name")
+# ... nor one taken mid-epoch with other values of these (or another number of processes):
+# the rest of its epoch would be other images.
+MID_EPOCH_MUST_MATCH = ("seed", "data.repeated_aug")
 
 
-def check_resumable(saved: dict, current: dict, path: Path) -> None:
-    for key in RESUME_MUST_MATCH:
+def check_resumable(state: dict, current: dict, path: Path, *, world_size: int) -> None:
+    mid_epoch = state.get("batch", 0) > 0
+    for key in RESUME_MUST_MATCH + (MID_EPOCH_MUST_MATCH if mid_epoch else ()):
         first, _, rest = key.partition(".")
-        old, new = saved.get(first, {}), current[first]
+        old, new = state["config"].get(first, {}), current[first]
         if rest:
             old, new = old.get(rest), new[rest]
         if old != new:
@@ -65,6 +72,11 @@ def check_resumable(saved: dict, current: dict, path: Path) -> None:
                 f"{path} was written with {key}={old}, this run has {new}; rerun with the same settings, "
                 "or start a new run folder (hydra.run.dir=...) or resume=never"
             )
+    if mid_epoch and state["world_size"] != world_size:
+        raise CheckpointError(
+            f"{path} was taken mid-epoch by {state['world_size']} processes, this run has {world_size}; rerun "
+            "with as many, or start a new run folder (hydra.run.dir=...) or resume=never"
+        )
 
 
 def log_weight_histogram(log: RunLogger, weights: dict, *, bins: int, step: int, epoch: int) -> None:
@@ -122,14 +134,23 @@ def run(cfg: DictConfig, *, run_dir: Path, model_preset: str | None = None) -> d
         min_lr=t.min_lr, warmup_lr=t.warmup_lr,
     )  # fmt: skip
 
-    epoch, step, history, elapsed_before = 0, 0, [], 0.0
+    # `batch`: batches of `epoch` done; `epoch_loss`: the sum of their (mean over processes) losses.
+    epoch, batch, step, epoch_loss, history, elapsed_before = 0, 0, 0, 0.0, [], 0.0
     resume_from = resolve_resume(cfg.resume, run_dir)
     if resume_from is not None:
         state = load_checkpoint(resume_from, map_location=device)
-        check_resumable(state["config"], resolved, resume_from)
+        check_resumable(state, resolved, resume_from, world_size=dist.world_size)
         state = restore_training_state(state, model=model, optimizer=optimizer, scheduler=scheduler)
         sparsifier.load_state_dict(state["masks"])  # the phase's masks, if it is a compressed one
         epoch, step, history, elapsed_before = state["epoch"], state["step"], state["history"], state["elapsed_s"]
+        # Mid-epoch after a preemption; per-epoch checkpoints (older ones have no `batch`) are at batch 0.
+        batch, epoch_loss = state.get("batch", 0), state.get("epoch_loss", 0.0)
+        if step != epoch * steps_per_epoch + batch:
+            raise CheckpointError(
+                f"{resume_from} was taken after {step} updates, at batch {batch} of epoch {epoch}, but this run "
+                f"has {steps_per_epoch} updates per epoch ({len(train_set)} training images): resume with the "
+                "same training set, or start a new run folder (hydra.run.dir=...) or resume=never"
+            )
         scheduler.step_update(step)
     log = RunLogger(
         run_dir, resolved, enabled=dist.is_main, project=cfg.logging.project, name=cfg.logging.name,
@@ -137,7 +158,8 @@ def run(cfg: DictConfig, *, run_dir: Path, model_preset: str | None = None) -> d
         resume_step=step if resume_from is not None else None,
     )  # fmt: skip
     if resume_from is not None and dist.is_main:
-        tqdm.write(f"resumed from {resume_from} at epoch {epoch} ({schedule.phase(min(epoch, t.epochs - 1))} phase)")
+        at = f"epoch {epoch}, batch {batch}" if batch else f"epoch {epoch}"
+        tqdm.write(f"resumed from {resume_from} at {at} ({schedule.phase(min(epoch, t.epochs - 1))} phase)")
 
     forward_model = torch.compile(model) if cfg.compile else model
     train_model = forward_model
@@ -146,34 +168,36 @@ def run(cfg: DictConfig, *, run_dir: Path, model_preset: str | None = None) -> d
 
     def save() -> None:
         if dist.is_main:
-            path = save_checkpoint(
-                training_state(
-                    model=model, optimizer=optimizer, scheduler=scheduler, step=step, config=resolved,
-                    epoch=epoch, masks=sparsifier.state_dict(), history=history,
-                    elapsed_s=elapsed_before + time.time() - started,
-                ),
-                checkpoint_path(run_dir, step),
+            path = checkpoint_path(run_dir, step)
+            log.checkpoint(path, step=step)  # before the file: a resume from it always finds its marker
+            state = training_state(
+                model=model, optimizer=optimizer, scheduler=scheduler, step=step, config=resolved,
+                epoch=epoch, batch=batch, epoch_loss=epoch_loss, world_size=dist.world_size,
+                masks=sparsifier.state_dict(), history=history, elapsed_s=elapsed_before + time.time() - started,
             )  # fmt: skip
-            log.checkpoint(path, step=step)
+            save_checkpoint(state, path)
             prune_old_checkpoints(run_dir, keep=t.keep_checkpoints)
         barrier()
 
     # ---- training ------------------------------------------------------------------------------
     bar = tqdm(total=t.epochs * steps_per_epoch, initial=step, disable=not dist.is_main, dynamic_ncols=True)
     train_loss = float("nan")
+    preemption = PreemptionGuard()  # SLURM's pre-timeout signal: checkpoint, then requeue
     while epoch < t.epochs:
         phase, action = schedule.phase(epoch), schedule.action(epoch)
-        if action == "prune":
-            sparsifier.prune(acdc.sparsity, scope=acdc.scope)
-        elif action == "restore":
-            sparsifier.restore()
-            pruning.reset_optimizer_moments(optimizer, prunable, first=True, second=acdc.reset_second_moment)
-        # Augmentation, mixing and drop path draw from (seed, epoch, rank): resumes replay them.
-        seed_everything(epoch_seed(cfg.seed, epoch, dist.rank + 1), deterministic=cfg.deterministic)
+        if batch == 0:  # at the epoch's start (resumed mid-epoch, the checkpoint holds the phase's masks and moments)
+            if action == "prune":
+                sparsifier.prune(acdc.sparsity, scope=acdc.scope)
+            elif action == "restore":
+                sparsifier.restore()
+                pruning.reset_optimizer_moments(optimizer, prunable, first=True, second=acdc.reset_second_moment)
         bar.set_description(f"epoch {epoch} {phase}")
         model.train()
-        epoch_loss, tick, ticked_step = torch.zeros((), device=device), time.time(), step
-        for images, targets in train_batches.epoch(epoch):
+        tick, ticked_step = time.time(), step
+        # Resumed mid-epoch: from the next batch on, without loading the done ones (TrainLoader).
+        for images, targets in train_batches.epoch(epoch, start=batch):
+            # Mixing and drop path draw from (seed, epoch, rank, batch): a resumed run replays them.
+            seed_rngs(epoch_seed(cfg.seed, epoch, dist.rank + 1, batch))
             images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
             if channels_last:
                 images = images.contiguous(memory_format=torch.channels_last)
@@ -195,8 +219,9 @@ def run(cfg: DictConfig, *, run_dir: Path, model_preset: str | None = None) -> d
             optimizer.step()
             sparsifier.apply_masks_()  # ... and stay exactly 0 despite momentum and weight decay
             step += 1
+            batch += 1
             scheduler.step_update(step)
-            epoch_loss += loss.detach()
+            epoch_loss += train_loss
             bar.update()
 
             if t.log_interval and step % t.log_interval == 0:
@@ -204,6 +229,12 @@ def run(cfg: DictConfig, *, run_dir: Path, model_preset: str | None = None) -> d
                 tick, ticked_step = time.time(), step
                 log.log({"train/loss": train_loss, "lr": lr_now, "images_per_s": images_per_s, "epoch": epoch}, step=step)
                 bar.set_postfix(loss=f"{train_loss:.3f}", lr=f"{lr_now:.2e}", img_s=f"{images_per_s:.0f}", refresh=False)
+            # Every process polls at the same batch (a collective under DDP).
+            if preemption.requested():
+                save()  # with `epoch` and `batch`: the requeued run continues from the next batch
+                bar.close()
+                log.close()
+                preemption.requeue_or_exit()
 
         # ---- end of epoch: validation of the model as it is (sparse in a compressed phase) --------
         val = evaluate(forward_model, val_batches, device=device, dtype=dtype, channels_last=channels_last)
@@ -214,7 +245,7 @@ def run(cfg: DictConfig, *, run_dir: Path, model_preset: str | None = None) -> d
             "top1": val["top1"],
             "top5": val["top5"],
             "val_loss": val["loss"],
-            "train_loss": all_reduce_mean(epoch_loss / steps_per_epoch).item(),
+            "train_loss": epoch_loss / steps_per_epoch,
             "sparsity": sparsity["overall"],
         }
         history.append(record)
@@ -231,9 +262,10 @@ def run(cfg: DictConfig, *, run_dir: Path, model_preset: str | None = None) -> d
                 f"epoch {epoch:3d} {phase:>12}: train loss {record['train_loss']:.4f}  val top-1 {val['top1']:.4f}  "
                 f"top-5 {val['top5']:.4f}  sparsity {sparsity['overall']:.4f}"
             )
-        epoch += 1
+        epoch, batch, epoch_loss = epoch + 1, 0, 0.0
         if (t.checkpoint_interval and epoch % t.checkpoint_interval == 0) or epoch == t.epochs:
             save()
+    preemption.close()
     bar.close()
 
     # ---- the result: the final compressed phase's sparse model ---------------------------------

@@ -7,14 +7,12 @@ import pytest
 import torch
 from PIL import Image
 
-from training.env import seed_everything
 from training.vit_data import (
     DataLayoutError,
     DigitsDataset,
     TrainLoader,
     build_transforms,
     check_imagefolder_root,
-    epoch_seed,
     eval_loader,
 )
 
@@ -119,10 +117,9 @@ class _Indices(torch.utils.data.Dataset):
         return torch.rand(()), i  # the random value shows the augmentation draws
 
 
-def _epoch(loader: TrainLoader, epoch: int):
-    # As train_vit.py does: in-process augmentation draws from the reseeded global RNGs.
-    seed_everything(epoch_seed(loader.seed, epoch, loader.rank + 1))
-    batches = list(loader.epoch(epoch))
+def _epoch(loader: TrainLoader, epoch: int, start: int = 0):
+    torch.manual_seed(12345)  # the global RNG's state must not matter: each image seeds its own draws
+    batches = list(loader.epoch(epoch, start=start))
     return torch.cat([b[1] for b in batches]).tolist(), torch.cat([b[0] for b in batches])
 
 
@@ -141,6 +138,33 @@ def test_train_batches_are_a_function_of_seed_and_epoch(num_workers):
     replay_order, replay_draws = _epoch(make(0), 3)  # a fresh loader, as after a resume
     assert replay_order == order and torch.equal(replay_draws, draws)
     assert _epoch(loader, 4)[0] != order and _epoch(make(1), 3)[0] != order
+
+
+class _CountingIndices(_Indices):
+    def __init__(self):
+        self.loaded = []
+
+    def __getitem__(self, i):
+        self.loaded.append(i)
+        return super().__getitem__(i)
+
+
+def test_an_epoch_started_at_a_batch_is_the_rest_of_the_whole_epoch_and_loads_nothing_before():
+    """What a run resumed mid-epoch relies on: same images in the same order, same augmentation
+    draws, whatever the number of workers; the skipped batches are never loaded."""
+    def make(dataset, num_workers):
+        return TrainLoader(
+            dataset, batch_size=8, seed=0, rank=0, world_size=1, repeated_aug=3, num_workers=num_workers,
+            pin_memory=False,
+        )  # fmt: skip
+
+    order, draws = _epoch(make(_Indices(), 1), 2)
+    assert len(make(_Indices(), 0)) == 5
+    counting = _CountingIndices()
+    rest_order, rest_draws = _epoch(make(counting, 0), 2, start=2)
+    assert rest_order == order[16:] and torch.equal(rest_draws, draws[16:])
+    assert counting.loaded == order[16:]
+    assert list(make(_Indices(), 0).epoch(2, start=5)) == []  # all done: the epoch's end is next
 
 
 def test_ddp_repeated_augmentation_and_sharded_validation():

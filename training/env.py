@@ -16,9 +16,7 @@ def seed_everything(seed: int, *, deterministic: bool = False) -> None:
     Determinism costs speed on CUDA (cuBLAS workspace config, no non-deterministic
     kernels), so it is a switch; CPU runs here are deterministic either way.
     """
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
+    seed_rngs(seed)
     if deterministic:
         # Must be set before the first cuBLAS call to take effect.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -27,6 +25,13 @@ def seed_everything(seed: int, *, deterministic: bool = False) -> None:
     else:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+
+
+def seed_rngs(seed: int) -> None:
+    """Seed python's, numpy's and torch's (every device's) random number generators."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
 
 
 def select_device(name: str = "auto", *, local_rank: int = 0) -> torch.device:
