@@ -9,15 +9,16 @@ every tensor with ``ndim >= 2``.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 from torch.optim import Optimizer
 
-from horst._fast_path import adamw_mirror_, use_fast_path
+from horst._fast_path import adamw_mirror_foreach_, use_fast_path
 from horst._validation import check_betas, check_non_negative, check_order
-from horst.functional import MirrorCoefficients, adamw_mirror_scalars
+from horst.functional import MirrorCoefficients, adamw_mirror_values
 
 
 class AdamWMirror(Optimizer):
@@ -78,9 +79,9 @@ class AdamWMirror(Optimizer):
                 loss = closure()
 
         for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            mirror = self.mirror_coefficients(group)
-            scalars_cache: dict[tuple[float, torch.device, bool], torch.Tensor] = {}
+            # tensors that share the step's scalars (same step count, mirror step or not) are
+            # updated together: the CPU fast path takes each such batch in one call
+            batches: dict[tuple[int, bool], list[tuple[torch.Tensor, ...]]] = defaultdict(list)
             for param in group["params"]:
                 if param.grad is None:
                     continue
@@ -92,19 +93,18 @@ class AdamWMirror(Optimizer):
                     state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
                 state["step"] += 1
-
                 hyperbolic = param.ndim >= 2 if group["hyperbolic"] is None else group["hyperbolic"]
-                step = state["step"].item()
-                key = (step, param.device, hyperbolic)
-                if key not in scalars_cache:
-                    scalars_cache[key] = adamw_mirror_scalars(
-                        lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
-                        weight_decay=group["weight_decay"], step=step,
-                        mirror=mirror if hyperbolic else MirrorCoefficients.none(),
-                        device=param.device,
-                    )  # fmt: skip
-                adamw_mirror_(
-                    param, param.grad, state["exp_avg"], state["exp_avg_sq"], scalars_cache[key],
-                    mirror_first=group["order"] == "sm", fast=self.fast,
+                batches[(int(state["step"].item()), hyperbolic)].append(
+                    (param, param.grad, state["exp_avg"], state["exp_avg_sq"])
+                )
+
+            beta1, beta2 = group["betas"]
+            mirror = self.mirror_coefficients(group)
+            for (step, hyperbolic), tensors in batches.items():
+                values = adamw_mirror_values(
+                    lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
+                    weight_decay=group["weight_decay"], step=step,
+                    mirror=mirror if hyperbolic else MirrorCoefficients.none(),
                 )  # fmt: skip
+                adamw_mirror_foreach_(tensors, values, mirror_first=group["order"] == "sm", fast=self.fast)
         return loss

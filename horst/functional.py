@@ -42,7 +42,7 @@ ADAMW_SCALARS = (
 )  # fmt: skip
 
 
-def adamw_mirror_scalars(
+def adamw_mirror_values(
     *,
     lr: float,
     beta1: float,
@@ -51,9 +51,8 @@ def adamw_mirror_scalars(
     weight_decay: float,
     step: int,
     mirror: MirrorCoefficients,
-    device: torch.device,
-) -> Tensor:
-    """Pack the step's scalars as ``adamw_mirror_tensor_`` expects them (float32)."""
+) -> dict[str, float]:
+    """The step's scalars, by the names of ``ADAMW_SCALARS``."""
     bias_correction1 = 1 - beta1**step
     bias_correction2 = 1 - beta2**step
     values = (
@@ -69,7 +68,13 @@ def adamw_mirror_scalars(
         mirror.lr_beta,
         mirror.clip,
     )
-    return torch.tensor(values, dtype=torch.float32).to(device, non_blocking=True)
+    return dict(zip(ADAMW_SCALARS, values))
+
+
+def adamw_mirror_scalars(values: dict[str, float], device: torch.device) -> Tensor:
+    """Pack the step's scalars as ``adamw_mirror_tensor_`` expects them (float32)."""
+    packed = [values[name] for name in ADAMW_SCALARS]
+    return torch.tensor(packed, dtype=torch.float32).to(device, non_blocking=True)
 
 
 def adamw_mirror_tensor_(
