@@ -5,9 +5,10 @@
 124M fp32 parameters with random gradients. The optimizers are timed in interleaved rounds
 in one process, so machine noise hits all of them alike; the table reports the median
 seconds per step and the ratio to ``torch.optim.AdamW(fused=True)``, the target being
-<= 1.10 for HORST and HAM on the fast path. Compile time of the fast path is reported apart
-(first step). The plain path (``fused=False``) is left out: it is a fallback, tens of times
-slower on a model this size.
+<= 1.10 for HORST and HAM on the fast path (on CPU: the C kernel of ``horst/_cpu_kernel.c``).
+The first step (state allocation, and building the kernel where no build is cached) is
+reported apart. The plain path (``fused=False``) is left out: it is a fallback, tens of
+times slower on a model this size.
 """
 
 from __future__ import annotations

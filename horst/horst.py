@@ -36,8 +36,9 @@ class HORST(AdamWMirror):
         alpha: strength of the mirror step (the L1 bias); 0 turns it off.
         beta: extra multiplicative shrinkage, ``exp(-lr * beta)`` per step.
         order: ``"ms"`` (the paper's HORST) or ``"sm"`` (ablation).
-        fused: ``None``/``True`` for the compiled fast path, ``False`` for the plain path;
-            ``None`` reads ``HORST_FUSED`` (set it to 0 to switch the fast path off).
+        fused: ``None``/``True`` for the fast path (a C kernel for float32 on CPU, a
+            ``torch.compile``d kernel otherwise; ``horst._fast_path``), ``False`` for the
+            plain path; ``None`` reads ``HORST_FUSED`` (0 switches the fast path off).
     """
 
     def __init__(

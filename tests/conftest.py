@@ -1,7 +1,7 @@
 """Test-wide environment: offline hubs, offline W&B, and the plain optimizer path.
 
-The torch.compile fast path of horst costs seconds of compilation per process; tests use
-the plain path (same code, eager) except those that ask for ``fused=True`` explicitly.
+horst's fast paths build a C kernel or compile a graph with torch.compile (seconds per
+process); tests use the plain path except those that ask for ``fused=True`` explicitly.
 """
 
 import os
