@@ -3,7 +3,7 @@
     python bench/optimizer_step.py [--rounds 5] [--steps 3] [--device cpu]
 
 124M fp32 parameters with random gradients. The optimizers are timed in interleaved rounds
-in one process, so machine noise hits all of them alike; the table reports the median
+(in rotating order) in one process, so machine noise hits all of them alike; the table reports the median
 seconds per step and the ratio to ``torch.optim.AdamW(fused=True)``, the target being
 <= 1.10 for HORST and HAM on the fast path (on CPU: the C kernel of ``horst/_cpu_kernel.c``).
 The first step (state allocation, and building the kernel where no build is cached) is
@@ -67,8 +67,12 @@ def main() -> None:
         first_step[name] = time.perf_counter() - start
 
     times: dict[str, list[float]] = {name: [] for name in optimizers}
-    for _ in range(args.rounds):
-        for name, optimizer in optimizers.items():
+    names = list(optimizers)
+    for round_ in range(args.rounds):
+        # rotate the order every round: whoever runs after foreach AdamW (which leaves the
+        # caches full of dirty lines) would otherwise always pay for it
+        for name in names[round_ % len(names):] + names[: round_ % len(names)]:
+            optimizer = optimizers[name]
             synchronize(device)
             start = time.perf_counter()
             for _ in range(args.steps):

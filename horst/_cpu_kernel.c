@@ -8,8 +8,8 @@
  *   "ms": theta_half = decay * theta - u;  theta = theta_half * exp(e(theta_half))
  *   "sm": theta_mid = theta * exp(e(theta));  theta = decay * theta_mid - u
  *   e(a) = clamp(sign(a) * (alpha_u * (-u) - alpha_g * g) - lr_beta, low, high)
- * copysignf(1, a) replaces sign(a): the two differ only where a == 0, and there the
- * factor multiplies zero. low/high fold HAM's clip and exp_float's float32 range into one clamp.
+ * sign(a) * x is x with a's sign bit xor-ed in: it differs from sign(a) * x only where a == 0,
+ * and there the factor multiplies zero. low/high fold HAM's clip and exp_float's float32 range into one clamp.
  *
  * Compiled with -O3 -fno-math-errno -fno-trapping-math (without them gcc vectorizes neither
  * sqrtf nor the comparisons) and the widest vector ISA torch detects; written so that gcc vectorizes
@@ -48,10 +48,22 @@ static inline float clamp(float x, float low, float high) {
     return high < x ? high : x;
 }
 
-/* always inlined with a constant mirror_first, so that each loop is specialised */
-static inline __attribute__((always_inline)) void update(float *restrict param, const float *restrict grad, float *restrict exp_avg,
-                   float *restrict exp_avg_sq, int64_t begin, int64_t end, const float *s,
-                   const int mirror_first) {
+/* sign(a) * x, as copysign-like bit arithmetic: x with its sign flipped where a is negative */
+static inline float times_sign_of(float x, float a) {
+    union { float f; uint32_t i; } xb = { .f = x }, ab = { .f = a };
+    xb.i ^= ab.i & 0x80000000u;
+    return xb.f;
+}
+
+/* What the mirror step's exponent holds, fixed per call so that each case compiles to its own
+ * loop: HORST pulls by the update (alpha_g = 0), HAM by the gradient (alpha_u = 0); tensors
+ * without the mirror step (all three coefficients 0, factor exactly 1) skip it. */
+enum { PULL_UPDATE, PULL_GRADIENT, PULL_BOTH, NO_MIRROR };
+
+/* always inlined with constant mirror_first and kind, so that each loop is specialised */
+static inline __attribute__((always_inline)) void update(
+    float *restrict param, const float *restrict grad, float *restrict exp_avg, float *restrict exp_avg_sq,
+    int64_t begin, int64_t end, const float *s, const int mirror_first, const int kind) {
     const float one_minus_beta1 = s[ONE_MINUS_BETA1], beta2 = s[BETA2];
     const float one_minus_beta2 = s[ONE_MINUS_BETA2], decay = s[DECAY];
     const float scaled_step = s[SCALED_STEP], scaled_eps = s[SCALED_EPS];
@@ -62,40 +74,53 @@ static inline __attribute__((always_inline)) void update(float *restrict param, 
         const float m = exp_avg[i] + one_minus_beta1 * (g - exp_avg[i]);
         const float v = exp_avg_sq[i] * beta2 + one_minus_beta2 * g * g;
         const float neg_update = scaled_step * m / (sqrtf(v) + scaled_eps);
-        const float pull = alpha_u * neg_update - alpha_g * g;
+        const float pull = kind == PULL_UPDATE ? alpha_u * neg_update
+                         : kind == PULL_GRADIENT ? -alpha_g * g
+                         : alpha_u * neg_update - alpha_g * g;
         float theta = param[i];
-        if (mirror_first) {
-            theta *= exp_float(clamp(pull * copysignf(1.0f, theta) - lr_beta, low, high));
-            theta = theta * decay + neg_update;
-        } else {
-            theta = theta * decay + neg_update;
-            theta *= exp_float(clamp(pull * copysignf(1.0f, theta) - lr_beta, low, high));
-        }
+        if (kind != NO_MIRROR && mirror_first)
+            theta *= exp_float(clamp(times_sign_of(pull, theta) - lr_beta, low, high));
+        theta = theta * decay + neg_update;
+        if (kind != NO_MIRROR && !mirror_first)
+            theta *= exp_float(clamp(times_sign_of(pull, theta) - lr_beta, low, high));
         param[i] = theta;
         exp_avg[i] = m;
         exp_avg_sq[i] = v;
     }
 }
 
-/* One step over the n_tensors tensors of one param group. Tensors of at least two blocks are
- * split block-wise over num_threads OpenMP threads; smaller ones run on the calling thread
- * (starting a parallel region costs more than updating a bias). */
+/* One step over the n_tensors tensors of one param group, in blocks of `block` elements shared
+ * out over num_threads OpenMP threads in one parallel region (one region per tensor costs a
+ * thread wake-up per tensor, about 2 % of a GPT-2 step). block_starts[t] is the index of
+ * tensor t's first block, block_starts[n_tensors] the total. */
 void horst_adamw_mirror_f32(int64_t n_tensors, float *const *params, const float *const *grads,
                             float *const *exp_avgs, float *const *exp_avg_sqs,
-                            const int64_t *numels, const float *scalars, int mirror_first,
-                            int num_threads) {
-    const int64_t block = 1 << 15;
-    for (int64_t t = 0; t < n_tensors; t++) {
-        const int64_t n = numels[t];
-        const int64_t n_blocks = (n + block - 1) / block;
-        #pragma omp parallel for schedule(static) num_threads(num_threads) if(n_blocks > 1 && num_threads > 1)
-        for (int64_t b = 0; b < n_blocks; b++) {
-            const int64_t begin = b * block;
-            const int64_t end = begin + block < n ? begin + block : n;
-            if (mirror_first)
-                update(params[t], grads[t], exp_avgs[t], exp_avg_sqs[t], begin, end, scalars, 1);
-            else
-                update(params[t], grads[t], exp_avgs[t], exp_avg_sqs[t], begin, end, scalars, 0);
+                            const int64_t *numels, int64_t block, const int64_t *block_starts,
+                            const float *scalars, int mirror_first, int num_threads) {
+    const int64_t n_blocks = block_starts[n_tensors];
+    const int kind = scalars[ALPHA_U] == 0 && scalars[ALPHA_G] == 0 && scalars[LR_BETA] == 0 ? NO_MIRROR
+                   : scalars[ALPHA_G] == 0 ? PULL_UPDATE
+                   : scalars[ALPHA_U] == 0 ? PULL_GRADIENT
+                   : PULL_BOTH;
+    #pragma omp parallel for schedule(static) num_threads(num_threads) if(n_blocks > 1 && num_threads > 1)
+    for (int64_t b = 0; b < n_blocks; b++) {
+        int64_t t = 0, last = n_tensors - 1; /* the tensor holding block b: binary search */
+        while (t < last) {
+            const int64_t mid = (t + last + 1) / 2;
+            if (block_starts[mid] <= b) t = mid; else last = mid - 1;
+        }
+        const int64_t begin = (b - block_starts[t]) * block;
+        const int64_t end = begin + block < numels[t] ? begin + block : numels[t];
+        float *p = params[t], *m = exp_avgs[t], *v = exp_avg_sqs[t];
+        const float *g = grads[t];
+        switch (2 * kind + mirror_first) {
+        case 2 * PULL_UPDATE: update(p, g, m, v, begin, end, scalars, 0, PULL_UPDATE); break;
+        case 2 * PULL_UPDATE + 1: update(p, g, m, v, begin, end, scalars, 1, PULL_UPDATE); break;
+        case 2 * PULL_GRADIENT: update(p, g, m, v, begin, end, scalars, 0, PULL_GRADIENT); break;
+        case 2 * PULL_GRADIENT + 1: update(p, g, m, v, begin, end, scalars, 1, PULL_GRADIENT); break;
+        case 2 * PULL_BOTH: update(p, g, m, v, begin, end, scalars, 0, PULL_BOTH); break;
+        case 2 * PULL_BOTH + 1: update(p, g, m, v, begin, end, scalars, 1, PULL_BOTH); break;
+        default: update(p, g, m, v, begin, end, scalars, 0, NO_MIRROR); break;
         }
     }
 }

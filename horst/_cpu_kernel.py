@@ -35,6 +35,7 @@ ISA_FLAGS = {
     "AVX512": ["-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bw", "-mavx2", "-mfma"],
     "AVX2": ["-mavx2", "-mfma"],
 }
+BLOCK = 1 << 15  # elements per unit of work of a thread (128 KiB of each stream)
 BASE_FLAGS = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-fopenmp", "-shared", "-fPIC"]
 
 
@@ -87,8 +88,8 @@ def _kernel() -> ctypes.CDLL:
     function = library.horst_adamw_mirror_f32
     pointers = ctypes.POINTER(ctypes.c_void_p)
     function.argtypes = [
-        ctypes.c_int64, pointers, pointers, pointers, pointers,
-        ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_float), ctypes.c_int, ctypes.c_int,
+        ctypes.c_int64, pointers, pointers, pointers, pointers, ctypes.POINTER(ctypes.c_int64),
+        ctypes.c_int64, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_float), ctypes.c_int, ctypes.c_int,
     ]  # fmt: skip
     function.restype = None
     return function
@@ -130,6 +131,12 @@ def adamw_mirror_f32_(
     """One AdamW + mirror step over contiguous float32 CPU tensors (``supports``), one call."""
     count = len(params)
     arrays = [(ctypes.c_void_p * count)(*(t.data_ptr() for t in ts)) for ts in (params, grads, exp_avgs, exp_avg_sqs)]
-    numels = (ctypes.c_int64 * count)(*(t.numel() for t in params))
+    sizes = [t.numel() for t in params]
+    block_starts = [0]
+    for size in sizes:  # empty tensors take no block
+        block_starts.append(block_starts[-1] + -(-size // BLOCK))
     scalars = kernel_scalars(values)
-    _kernel()(count, *arrays, numels, (ctypes.c_float * len(scalars))(*scalars), int(mirror_first), torch.get_num_threads())
+    _kernel()(
+        count, *arrays, (ctypes.c_int64 * count)(*sizes), BLOCK, (ctypes.c_int64 * (count + 1))(*block_starts),
+        (ctypes.c_float * len(scalars))(*scalars), int(mirror_first), torch.get_num_threads(),
+    )  # fmt: skip
