@@ -14,7 +14,8 @@ The selection score is the pipeline's headline number: for the ViT pipeline the 
 the final sparse model (higher is better); for GPT-2 the geometric mean of the validation
 perplexities after pruning at the run's sparsities of 50 % and more (lower is better), i.e.
 the perplexity a pruned model is used at, not the dense one. Cells whose runs diverged
-(a non-finite score) count as worst.
+(a non-finite score) count as worst; of equal means, the smaller alpha, then the smaller
+beta wins.
 """
 
 from __future__ import annotations
