@@ -1,11 +1,12 @@
 """The fast path: one fused pass per tensor instead of a chain of elementwise ops.
 
-* Contiguous float32 tensors on CPU: ``horst._cpu_kernel``, a C kernel called once per param
-  group (``torch.compile``'s CPU code was ~2x ``torch.optim.AdamW(fused=True)`` per tensor,
-  plus ~0.2 ms of call overhead per tensor).
-* Everything else (CUDA, bf16): ``adamw_mirror_tensor_`` compiled by ``torch.compile`` into one
-  kernel (Triton on CUDA). Each tensor is passed flattened and sizes are dynamic, so one
-  compilation serves every parameter of a run (one more per dtype and per order).
+* Dense float32 tensors on CPU: ``horst._cpu_kernel``, a C kernel called once per param group
+  (``torch.compile``'s CPU code was ~2x ``torch.optim.AdamW(fused=True)`` per tensor, plus
+  ~0.2 ms of call overhead per tensor).
+* Other dense tensors (CUDA, bf16): ``adamw_mirror_tensor_`` compiled by ``torch.compile`` into
+  one kernel (Triton on CUDA). Each tensor is passed as a 1-D alias and sizes are dynamic, so
+  one compilation serves every parameter of a run (one more per dtype and per order).
+* Tensors without a dense layout shared by all four (param, grad, moments): the plain path.
 
 Set ``HORST_FUSED=0`` (or pass ``fused=False``) for the plain eager path: the same function as
 the compiled one, no compilation, slower steps. A fast path that fails to build warns once and
@@ -50,18 +51,23 @@ def _compiled_kernel():
     return torch.compile(adamw_mirror_tensor_, dynamic=True, fullgraph=True)
 
 
-def flat_views(tensors: Sequence[Tensor]) -> tuple[Tensor, ...] | None:
-    """1-D aliases of tensors that share one dense memory layout (contiguous, channels_last or
-    any other permutation), in memory order; None for anything else (the plain path takes
-    those). An elementwise update does not care about the order, the compiler would: the
-    aliases are plain tensors over the same memory, not views, because dynamo guards on a
-    view's base and would compile again for every parameter shape."""
+def dense_layout(tensors: Sequence[Tensor]) -> bool:
+    """Whether the tensors share one dense memory layout: contiguous, channels_last or any
+    other permutation of the dimensions. Only those take a fast path: an elementwise update
+    can then run over their memory in storage order."""
     first = tensors[0]
     if any(t.shape != first.shape or t.stride() != first.stride() for t in tensors[1:]):
-        return None
+        return False
+    if first.is_contiguous():
+        return True
     memory_order = sorted(range(first.ndim), key=lambda dim: -first.stride(dim))
-    if not first.permute(memory_order).is_contiguous():
-        return None
+    return first.permute(memory_order).is_contiguous()
+
+
+def flat_aliases(tensors: Sequence[Tensor]) -> tuple[Tensor, ...]:
+    """1-D tensors over the memory of ``dense_layout`` tensors, in storage order: plain tensors,
+    not views, because dynamo guards on a view's base and would compile again for every
+    parameter shape."""
     return tuple(
         torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage(), t.storage_offset(), (t.numel(),), (1,))
         for t in tensors
@@ -79,18 +85,17 @@ def adamw_mirror_foreach_(
     scalars ``values`` (``horst.functional.adamw_mirror_values``)."""
     for_kernel, for_compiler, for_plain = [], [], []
     for group in tensors:
-        flat = flat_views(group) if fast else None
-        if flat is None:
+        if not (fast and dense_layout(group)):
             for_plain.append(group)
-        elif _cpu_kernel.supports(flat):
-            for_kernel.append(flat)
+        elif _cpu_kernel.supports(group):
+            for_kernel.append(group)
         else:
-            for_compiler.append(flat)
+            for_compiler.append(group)
     if for_kernel and not _cpu_kernel_step(for_kernel, values, mirror_first):
         for_compiler += for_kernel
     scalars = _ScalarsByDevice(values)
     for index, group in enumerate(for_compiler):
-        if not _compiled_step(group, scalars, mirror_first):
+        if not _compiled_step(flat_aliases(group), scalars, mirror_first):
             for_plain += for_compiler[index:]
             break
     for param, grad, exp_avg, exp_avg_sq in for_plain:
