@@ -4,8 +4,8 @@
 shapes its kernel takes ~2x the time of ``torch.optim.AdamW(fused=True)``, and each call
 costs ~0.2 ms of guards and wrappers, 30 ms a step for GPT-2's 148 tensors. This kernel
 does the same update in one vectorised pass per tensor and one call per param group
-(``bench/optimizer_step.py``). It serves contiguous float32 tensors on CPU; everything else
-(CUDA, bf16) takes the compiled path.
+(``bench/optimizer_step.py``). It serves float32 CPU tensors in a dense layout (contiguous,
+channels_last, ...); everything else (CUDA, bf16) takes the compiled path.
 
 The shared library is built with the system C compiler (``$CC``, else ``cc``; the compiler
 inductor needs on CPU anyway) into ``$HORST_CACHE_DIR`` (default ``~/.cache/horst``), named

@@ -127,7 +127,7 @@ def _cpu_kernel_step(tensors: list[tuple[Tensor, ...]], values: dict[str, float]
 
 
 def _compiled_step(tensors: tuple[Tensor, ...], scalars: _ScalarsByDevice, mirror_first: bool) -> bool:
-    """The compiled kernel on one tensor's 1-D views; False if it is not available."""
+    """The compiled kernel on one tensor's 1-D aliases; False if it is not available."""
     if "torch.compile" in _failed:
         return False
     try:
