@@ -57,8 +57,9 @@ Written into `--out`:
   (`ckpt_*.pt`, loaded with ``weights_only=True``; the prunable matrices are found by the
   run's pruning preset). Runs with none of these are left out of that figure, with a note.
 
-Cells show the mean ± sample std over seeds with their count, `71.00 ± 1.41 [n=2]`; one run
-shows `65.00 [n=1]` (no std); a run whose metric is not finite counts in `diverged`.
+Cells show the mean ± sample std over seeds, `71.00 ± 1.41`; one run shows its value, `65.00`
+(no "± 0.00"); the last column, `n`, counts the runs of each cell (`2`, or per column where
+they differ: `2, 1`); a run whose metric is not finite counts in `diverged`.
 The CSV files are tidy (one line per cell) for further processing.
 """
 
@@ -523,13 +524,12 @@ def _pct(sparsity: float) -> str:
 
 
 def cell_text(cell: Any, decimals: int, *, pm: str = "±", dash: str = "–") -> str:
-    """`71.00 ± 1.41 [n=2]`, `65.00 [n=1]`, `– [diverged 2]`; ` (70.50)` adds the paper's number."""
-    if cell is None:
-        return ""
+    """`71.00 ± 1.41` (n > 1), `65.00` (one run: no std), `–`; ` [diverged 2]` where runs had
+    a non-finite metric; ` (70.50)` adds the paper's number. The row's `n` column counts runs."""
     if cell.n > 1:
-        ours = f"{cell.mean:.{decimals}f} {pm} {cell.std:.{decimals}f} [n={cell.n}]"
+        ours = f"{cell.mean:.{decimals}f} {pm} {cell.std:.{decimals}f}"
     elif cell.n == 1:
-        ours = f"{cell.mean:.{decimals}f} [n=1]"
+        ours = f"{cell.mean:.{decimals}f}"
     else:
         ours = dash
     if cell.diverged:
@@ -539,13 +539,24 @@ def cell_text(cell: Any, decimals: int, *, pm: str = "±", dash: str = "–") ->
     return ours
 
 
+def _n_text(counts: pd.Series, dash: str) -> str:
+    """A row's run counts: `2` where every cell has two, else per column (`2, 1, –`)."""
+    ran = {int(n) for n in counts if not pd.isna(n) and n > 0}
+    if len(ran) <= 1:
+        return str(ran.pop()) if ran else dash
+    return ", ".join(dash if pd.isna(n) or n == 0 else str(int(n)) for n in counts)
+
+
 def wide(table: Table, **text: Any) -> pd.DataFrame:
-    """Rows x sparsity columns of cell texts (the rows in the table's order)."""
+    """Rows x sparsity columns of cell texts (the rows in the table's order), then `n`."""
+    dash = text.get("dash", "–")
     cells = table.cells.assign(text=[cell_text(c, table.decimals, **text) for c in table.cells.itertuples()])
-    frame = cells.pivot(index=ROW_KEYS, columns="sparsity", values="text").fillna(text.get("dash", "–"))
-    order = list(dict.fromkeys(map(tuple, cells[ROW_KEYS].itertuples(index=False))))
-    frame = frame.reindex(pd.MultiIndex.from_tuples(order, names=ROW_KEYS))[table.sparsities]
+    frame = cells.pivot(index=ROW_KEYS, columns="sparsity", values="text").fillna(dash)
+    counts = cells.pivot(index=ROW_KEYS, columns="sparsity", values="n")
+    order = pd.MultiIndex.from_tuples(list(dict.fromkeys(map(tuple, cells[ROW_KEYS].itertuples(index=False)))), names=ROW_KEYS)
+    frame = frame.reindex(order)[table.sparsities]
     frame.columns = [_pct(s) for s in frame.columns]
+    frame["n"] = [_n_text(row, dash) for _, row in counts.reindex(order)[table.sparsities].iterrows()]
     frame = frame.reset_index()
     return frame if table.has_settings else frame.drop(columns="setting")
 
@@ -562,11 +573,11 @@ def markdown(table: Table) -> str:
     lines = [
         f"### {table.title}",
         "",
-        "Cells: ours, mean ± sample std over seeds [n runs] (one run: no std); (paper) where the paper states "
-        "the number. " + ("Rows of one data set and model whose experiments differ name the differing config "
+        "Cells: ours, mean ± sample std over seeds (one run: its value, no std); n: runs per cell; (paper) "
+        "where the paper states the number. " + ("Rows of one data set and model whose experiments differ name the differing config "
                           "keys under `setting`. " if table.has_settings else "") + table.note,
         "",
-        *_markdown_frame(frame, len(table.sparsities)),
+        *_markdown_frame(frame, len(table.sparsities) + 1),
     ]  # fmt: skip
     return "\n".join(lines) + "\n"
 
@@ -585,14 +596,14 @@ def latex(table: Table) -> str:
     frame = frame.map(lambda v: latex_escape(str(v)).replace("PLUSMINUS", r"$\pm$"))
     frame.columns = [latex_escape(c.capitalize() if c in ROW_KEYS else c) for c in frame.columns]
     caption = (
-        latex_escape(table.title) + r". Mean $\pm$ sample std over seeds [n runs] (one run: no std); "
-        "(paper) where the paper states the number. " + latex_escape(table.note)
+        latex_escape(table.title) + r". Mean $\pm$ sample std over seeds (one run: its value, no std); "
+        "n: runs per cell; (paper) where the paper states the number. " + latex_escape(table.note)
     )
-    left = len(frame.columns) - len(table.sparsities)
+    left = len(frame.columns) - len(table.sparsities) - 1
     text = frame.to_latex(
         index=False,
         escape=False,
-        column_format="l" * left + "r" * len(table.sparsities),
+        column_format="l" * left + "r" * (len(table.sparsities) + 1),
         caption=caption,
         label="tab:" + table.key.replace("_", "-"),
         position="t",

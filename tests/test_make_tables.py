@@ -228,12 +228,12 @@ def test_mean_std_over_seeds_and_paper_column(built):
     assert float(cell["paper"]) == 70.5  # results/paper/deit_imagenet_acdc.csv: DeiT-small, HORST, 90 %
     adamw = next(r for r in rows if r["model"] == "deit_small" and r["optimizer_name"] == "adamw")
     assert (adamw["mean"], adamw["std"], adamw["n"], adamw["paper"]) == ("65.0", "", "1", "")
-    assert "| imagefolder | deit_small | horst (alpha=10, beta=0.1) | 71.00 ± 1.41 [n=2] (70.50) |" in text
-    assert "| imagefolder | deit_small | adamw | 65.00 [n=1] |" in text  # one run: no std; no paper number
+    assert "| imagefolder | deit_small | horst (alpha=10, beta=0.1) | 71.00 ± 1.41 (70.50) | 2 |" in text
+    assert "| imagefolder | deit_small | adamw | 65.00 | 1 |" in text  # one run: no std; no paper number
     # The paper's HAM number for DeiT-small appears, though we ran no HAM there.
-    assert "| imagefolder | deit_small | ham | – (60.06) |" in text
+    assert "| imagefolder | deit_small | ham | – (60.06) | – |" in text
     # Digits: no paper number, and the base/tiny paper rows do not appear (models we did not run).
-    assert "| digits | vit_digits | adamw | 93.00 [n=1] |" in text
+    assert "| digits | vit_digits | adamw | 93.00 | 1 |" in text
     assert "± 0.00" not in text and "setting" not in text  # one experiment per model: no setting column
     assert "deit_base" not in text
     # The run list keeps the commit's -dirty mark (ViT fixtures are dirty, GPT-2 ones clean).
@@ -246,8 +246,8 @@ def test_gpt2_table_and_claims(built):
     assert len(rows) == 9  # 3 optimizers x 3 sparsities
     horst_90 = next(r for r in rows if r["optimizer_name"] == "horst" and float(r["sparsity"]) == 0.9)
     assert float(horst_90["mean"]) == 40.0 and horst_90["n"] == "1" and horst_90["paper"] == ""
-    assert "| pydoc | gpt2_tiny | horst (alpha=10, beta=0.1) | 30.00 [n=1] | 30.50 [n=1] | 40.00 [n=1] |" in text
-    assert "| 0 % | 50 % | 90 % |" in text
+    assert "| pydoc | gpt2_tiny | horst (alpha=10, beta=0.1) | 30.00 | 30.50 | 40.00 | 1 |" in text
+    assert "| 0 % | 50 % | 90 % | n |" in text
     lines = [line for line in text.splitlines() if line.startswith("- gpt2_pruning pydoc")]
     assert len(lines) == 2  # HORST vs AdamW, HORST vs HAM
     assert "better than adamw at 3 of 3 sparsities" in lines[0] and "90 %: +12.00" in lines[0]
@@ -259,12 +259,12 @@ def test_gpt2_table_and_claims(built):
 def test_latex_and_figures(built):
     _, out = built
     tex = (out / "vit_acdc.tex").read_text()
-    assert r"\begin{tabular}{lllr}" in tex and r"\toprule" in tex and r"\bottomrule" in tex and r"\centering" in tex
-    assert r"71.00 $\pm$ 1.41 [n=2] (70.50)" in tex
+    assert r"\begin{tabular}{lllrr}" in tex and r"\toprule" in tex and r"\bottomrule" in tex and r"\centering" in tex
+    assert r"71.00 $\pm$ 1.41 (70.50) & 2 \\" in tex
     assert r"deit\_small" in tex and r"90 \%" in tex
-    assert r"-- (60.06)" in tex
+    assert r"-- (60.06) & -- \\" in tex
     gpt2_tex = (out / "gpt2_pruning.tex").read_text()
-    assert r"horst (alpha=10, beta=0.1) & 30.00 [n=1] & 30.50 [n=1] & 40.00 [n=1] \\" in gpt2_tex
+    assert r"horst (alpha=10, beta=0.1) & 30.00 & 30.50 & 40.00 & 1 \\" in gpt2_tex
     for name in ("accuracy_vs_sparsity.png", "perplexity_vs_sparsity.png", "weight_distribution.png"):
         assert (out / name).read_bytes()[:8] == PNG_MAGIC, name
     assert (out / "tables.md").is_file()
@@ -306,9 +306,9 @@ def test_different_settings_are_not_averaged(tmp_path: Path):
     write_gpt2_run(root / "a", opt=optimizer("horst"), ppl=[30.0, 31.0, 40.0])
     write_gpt2_run(root / "b", opt=optimizer("horst", lr=3e-3), ppl=[20.0, 21.0, 30.0])
     text = make_tables.make_tables([root], tmp_path / "out")
-    assert "| horst (alpha=10, beta=0.1) [optimizer.lr=0.001] | 30.00 [n=1] |" in text
-    assert "| horst (alpha=10, beta=0.1) [optimizer.lr=0.003] | 20.00 [n=1] |" in text
-    assert "[n=2]" not in text
+    assert "| horst (alpha=10, beta=0.1) [optimizer.lr=0.001] | 30.00 | 31.00 | 40.00 | 1 |" in text
+    assert "| horst (alpha=10, beta=0.1) [optimizer.lr=0.003] | 20.00 | 21.00 | 30.00 | 1 |" in text
+    assert "| 2 |" not in text
 
 
 def test_no_summary_is_a_clear_error(tmp_path: Path, capsys):
@@ -330,10 +330,10 @@ def test_runs_of_different_experiments_are_neither_averaged_nor_compared(tmp_pat
     write_vit_run(root / "horst_e6", opt=optimizer("horst"), top1=0.7756, epochs=6)
     write_vit_run(root / "adamw_e6", opt=optimizer("adamw"), top1=0.7578, epochs=6)
     text = make_tables.make_tables([root], tmp_path / "out")
-    assert "| data | model | setting | optimizer | 90 % |" in text
-    assert "| digits | vit_digits | train.epochs=40 | horst (alpha=10, beta=0.1) | 98.00 [n=1] |" in text
-    assert "| digits | vit_digits | train.epochs=6 | horst (alpha=10, beta=0.1) | 77.56 [n=1] |" in text
-    assert "[n=2]" not in text and "± 0.00" not in text
+    assert "| data | model | setting | optimizer | 90 % | n |" in text
+    assert "| digits | vit_digits | train.epochs=40 | horst (alpha=10, beta=0.1) | 98.00 | 1 |" in text
+    assert "| digits | vit_digits | train.epochs=6 | horst (alpha=10, beta=0.1) | 77.56 | 1 |" in text
+    assert "| 2 |" not in text and "±" not in text.split("### Experiments")[0].split("Cells:")[1].split("\n", 1)[1]
     assert "vit_acdc digits/vit_digits: 2 experiments, differing in `train.epochs`" in text
     claims = [line for line in text.splitlines() if "better than" in line]
     assert len(claims) == 1 and "[train.epochs=6]" in claims[0] and "+1.78" in claims[0]  # 77.56 - 75.78, not 98 - 75.78
@@ -351,8 +351,8 @@ def test_seeds_average_across_excluded_keys_only(tmp_path: Path):
                    config={"logging": {"name": "rerun", "tags": ["x"]}, "resume": "never", "run_dir": "elsewhere"})  # fmt: skip
     write_gpt2_run(root / "s2", opt=optimizer("horst"), ppl=[34.0, 35.0, 44.0], seed=2, config={"device": "cuda"})
     text = make_tables.make_tables([root], tmp_path / "out")
-    assert "| pydoc | gpt2_tiny | device=auto | horst (alpha=10, beta=0.1) | 31.00 ± 1.41 [n=2] |" in text
-    assert "| pydoc | gpt2_tiny | device=cuda | horst (alpha=10, beta=0.1) | 34.00 [n=1] |" in text
+    assert "| pydoc | gpt2_tiny | device=auto | horst (alpha=10, beta=0.1) | 31.00 ± 1.41 | 32.00 ± 1.41 | 41.00 ± 1.41 | 2 |" in text
+    assert "| pydoc | gpt2_tiny | device=cuda | horst (alpha=10, beta=0.1) | 34.00 | 35.00 | 44.00 | 1 |" in text
     assert make_tables._excluded("data.num_workers") and make_tables._excluded("logging.name")
     assert not make_tables._excluded("train.epochs") and not make_tables._excluded("optimizer._target_")
 
@@ -375,7 +375,7 @@ def test_failed_and_unfinished_runs_are_listed_not_dropped(tmp_path: Path):
     assert "3_broken: summary.json unreadable" in text
     rows = read_csv(tmp_path / "out" / "failed_runs.csv")
     assert len(rows) == 1 and json.loads(rows[0]["signature"])["optimizer.alpha"] == 100.0
-    assert "| digits | vit_digits | adamw | 90.00 [n=1] |" in text
+    assert "| digits | vit_digits | adamw | 90.00 | 1 |" in text
     # Only failed runs: no table, but the list, not an error
     only = tmp_path / "only"
     write_failed_run(only / "x", config=gpt2_config(opt=optimizer("ham")), pipeline="gpt2", reason="bad config", step=None)
@@ -388,8 +388,8 @@ def test_folders_without_config_yaml_use_the_summary(tmp_path: Path):
     write_vit_run(root / "b", opt=optimizer("horst"), top1=0.92, seed=1, config=False)
     write_vit_run(root / "c", opt=optimizer("horst"), top1=0.50, seed=0, epochs=6, config=False)
     text = make_tables.make_tables([root], tmp_path / "out")
-    assert "| digits | vit_digits | train.epochs=40 | horst (alpha=10, beta=0.1) | 91.00 ± 1.41 [n=2] |" in text
-    assert "| digits | vit_digits | train.epochs=6 | horst (alpha=10, beta=0.1) | 50.00 [n=1] |" in text
+    assert "| digits | vit_digits | train.epochs=40 | horst (alpha=10, beta=0.1) | 91.00 ± 1.41 | 2 |" in text
+    assert "| digits | vit_digits | train.epochs=6 | horst (alpha=10, beta=0.1) | 50.00 | 1 |" in text
 
 
 def test_perplexity_axis_has_plain_tick_labels():
@@ -401,3 +401,10 @@ def test_perplexity_axis_has_plain_tick_labels():
     labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
     plt.close(fig)
     assert labels and all(re.fullmatch(r"[0-9.]+", label) for label in labels), labels
+
+
+def test_run_count_column_per_cell_where_counts_differ():
+    import pandas as pd
+
+    assert make_tables._n_text(pd.Series([2, 2, 2]), "–") == "2"
+    assert make_tables._n_text(pd.Series([2, 1, float("nan")]), "–") == "2, 1, –"
