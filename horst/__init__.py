@@ -3,12 +3,13 @@
 Drop-in ``torch.optim`` optimizers that bias training towards sparse, prunable weights.
 Jacobs, Jain, Burkholz, "HORST: Composing Optimizer Geometries for Sparse Transformer
 Training", arXiv 2605.21104; Jacobs et al., "HAM", ICLR 2026, arXiv 2506.02630.
-Depends on torch only.
+Depends on torch only. One file per steepest-descent base (``adamw``, ``lion``, ``sgd``) over
+the shared base class (``optimizer.MirrorOptimizer``) and functional core (``functional``).
 """
 
-from horst.ham import HAM
-from horst.horst import HORST
+from horst.adamw import HAM, HORST
 from horst.lion import HORSTLion
+from horst.optimizer import MirrorOptimizer
 from horst.sgd import HORSTSGD
 
-__all__ = ["HAM", "HORST", "HORSTLion", "HORSTSGD"]
+__all__ = ["HAM", "HORST", "HORSTLion", "HORSTSGD", "MirrorOptimizer"]

@@ -1,19 +1,26 @@
-/* The CPU fast path of HORST and HAM: one pass over each float32 tensor (see _cpu_kernel.py).
+/* The CPU fast path of every horst optimizer: one pass over each float32 tensor (see _cpu_kernel.py).
  *
- * The same update as horst/functional.py's adamw_mirror_tensor_ (DESIGN §2.1, §2.2):
- *   m = lerp(m, g, 1 - beta1);  v = beta2 v + (1 - beta2) g^2
- *   -u = neg_step_size * m / (sqrt(v) / bias_correction2_sqrt + eps)
- *      = (neg_step_size * bias_correction2_sqrt) * m / (sqrt(v) + eps * bias_correction2_sqrt),
- *     one division instead of two (the scalars arrive so multiplied: SCALED_STEP, SCALED_EPS)
- *   "ms": theta_half = decay * theta - u;  theta = theta_half * exp(e(theta_half))
- *   "sm": theta_mid = theta * exp(e(theta));  theta = decay * theta_mid - u
- *   e(a) = clamp(sign(a) * (alpha_u * (-u) - alpha_g * g) - lr_beta, low, high)
+ * The same update as horst/functional.py's mirror_step_ with the bases' descend functions
+ * (docs/design.md §2.1-§2.3), per element:
+ *   g = grad_scale * grad;  "sm": g *= 1 + alpha_u |theta|
+ *   anchor = decay * theta  ("sm": decay * exp(-lr_beta) * theta)
+ *   ADAMW:  m = lerp(m, g, 1 - beta1);  v = beta2 v + (1 - beta2) g^2
+ *           -u = neg_step_size * m / (sqrt(v) / bias_correction2_sqrt + eps)
+ *              = (neg_step_size * bias_correction2_sqrt) * m / (sqrt(v) + eps * bias_correction2_sqrt),
+ *           one division instead of two
+ *   LION:   -u = neg_step_size * sign(beta1 m + (1 - beta1) g);  m = lerp(m, g, 1 - beta2)
+ *   SGD:    d = g + coupled_decay theta;  b = buffer_decay b + one_minus_dampening d (with momentum);
+ *           -u = neg_step_size * (d, b, or d + momentum b for Nesterov)
+ *   theta_half = anchor - u
+ *   "ms": theta = theta_half * exp(clamp(sign(theta_half) * (alpha_u (-u) - alpha_g g) - lr_beta, low, high))
+ *   guard (HAM): theta = isfinite(theta) ? theta : old theta
  * sign(a) * x is x with a's sign bit xor-ed in: it differs from sign(a) * x only where a == 0,
- * and there the factor multiplies zero. low/high fold HAM's clip and exp_float's float32 range into one clamp.
+ * and there the factor multiplies zero. low/high fold HAM's clip and exp_float's float32 range
+ * into one clamp.
  *
  * Compiled with -O3 -fno-math-errno -fno-trapping-math (without them gcc vectorizes neither
- * sqrtf nor the comparisons) and the widest vector ISA torch detects; written so that gcc vectorizes
- * the inner loop.
+ * sqrtf nor the comparisons) and the widest vector ISA torch detects; written so that gcc
+ * vectorizes the inner loop, one loop per (base, mode) pair.
  */
 #include <math.h>
 #include <stdint.h>
@@ -23,10 +30,22 @@
 #define EXP_C3 0.16667114472984093f
 #define EXP_C4 0.041890115202198576f
 #define EXP_C5 0.008312524894683274f
+/* horst.mirror.EXP_ARG_MIN, EXP_ARG_MAX: exp_float's argument range */
+#define EXP_ARG_MIN -87.0f
+#define EXP_ARG_MAX 88.0f
 
+/* horst.functional.SCALARS, the same names in the same order (a test compares them) */
 enum {
-    ONE_MINUS_BETA1, BETA2, ONE_MINUS_BETA2, DECAY, SCALED_STEP, SCALED_EPS, ALPHA_U, ALPHA_G, LR_BETA, LOW, HIGH
+    GRAD_SCALE, BETA1, ONE_MINUS_BETA1, BETA2, ONE_MINUS_BETA2, MOMENTUM, BUFFER_DECAY, ONE_MINUS_DAMPENING,
+    COUPLED_DECAY, DECAY, NEG_STEP_SIZE, BIAS_CORRECTION2_SQRT, EPS, ALPHA_U, ALPHA_G, LR_BETA, CLIP, N_SCALARS
 };
+
+/* the steepest-descent step (horst._cpu_kernel.BASE_*) */
+enum { ADAMW, LION, SGD, SGD_MOMENTUM, SGD_NESTEROV, N_BASES };
+/* the mirror step (horst._cpu_kernel.MODE_*): none; after the step, pulled by the update
+ * (HORST); before it, on the gradient (S∘M); after it, pulled by the gradient (HAM), with
+ * HAM's NaN guard or without */
+enum { NO_MIRROR, MS_UPDATE, SM, MS_GRADIENT, MS_GRADIENT_GUARDED, N_MODES };
 
 /* exp(x) for x in [-87, 88], as horst.mirror.exp_float32 computes it (2**k * p(r), k the
  * nearest integer to x / ln 2, r = x - k ln 2 in two parts, p the minimax polynomial), except
@@ -55,53 +74,79 @@ static inline float times_sign_of(float x, float a) {
     return xb.f;
 }
 
-/* What the mirror step's exponent holds, fixed per call so that each case compiles to its own
- * loop: HORST pulls by the update (alpha_g = 0), HAM by the gradient (alpha_u = 0); tensors
- * without the mirror step (all three coefficients 0, factor exactly 1) skip it. */
-enum { PULL_UPDATE, PULL_GRADIENT, PULL_BOTH, NO_MIRROR };
+static inline float sign_of(float x) { return (float)(x > 0.0f) - (float)(x < 0.0f); }
 
-/* always inlined with constant mirror_first and kind, so that each loop is specialised */
+/* the scalars of one call, with the derived ones computed once */
+typedef struct {
+    float grad_scale, beta1, one_minus_beta1, beta2, one_minus_beta2, momentum, buffer_decay;
+    float one_minus_dampening, coupled_decay, decay, neg_step_size, alpha_u, alpha_g, lr_beta;
+    float scaled_step, scaled_eps, low, high, sm_decay;
+} Scalars;
+
+/* always inlined with constant base and mode, so that each loop is specialised */
 static inline __attribute__((always_inline)) void update(
-    float *restrict param, const float *restrict grad, float *restrict exp_avg, float *restrict exp_avg_sq,
-    int64_t begin, int64_t end, const float *s, const int mirror_first, const int kind) {
-    const float one_minus_beta1 = s[ONE_MINUS_BETA1], beta2 = s[BETA2];
-    const float one_minus_beta2 = s[ONE_MINUS_BETA2], decay = s[DECAY];
-    const float scaled_step = s[SCALED_STEP], scaled_eps = s[SCALED_EPS];
-    const float alpha_u = s[ALPHA_U], alpha_g = s[ALPHA_G], lr_beta = s[LR_BETA];
-    const float low = s[LOW], high = s[HIGH];
+    float *restrict param, const float *restrict grad, float *restrict state1, float *restrict state2,
+    int64_t begin, int64_t end, const Scalars *k, const int base, const int mode) {
+    const Scalars s = *k;
     for (int64_t i = begin; i < end; i++) {
-        const float g = grad[i];
-        const float m = exp_avg[i] + one_minus_beta1 * (g - exp_avg[i]);
-        const float v = exp_avg_sq[i] * beta2 + one_minus_beta2 * g * g;
-        const float neg_update = scaled_step * m / (sqrtf(v) + scaled_eps);
-        const float pull = kind == PULL_UPDATE ? alpha_u * neg_update
-                         : kind == PULL_GRADIENT ? -alpha_g * g
-                         : alpha_u * neg_update - alpha_g * g;
-        float theta = param[i];
-        if (kind != NO_MIRROR && mirror_first)
-            theta *= exp_float(clamp(times_sign_of(pull, theta) - lr_beta, low, high));
-        theta = theta * decay + neg_update;
-        if (kind != NO_MIRROR && !mirror_first)
-            theta *= exp_float(clamp(times_sign_of(pull, theta) - lr_beta, low, high));
-        param[i] = theta;
-        exp_avg[i] = m;
-        exp_avg_sq[i] = v;
+        const float theta = param[i];
+        float g = s.grad_scale * grad[i];
+        if (mode == SM) g *= 1.0f + s.alpha_u * fabsf(theta);
+        const float anchor = theta * (mode == SM ? s.sm_decay : s.decay);
+        float neg_update;
+        if (base == ADAMW) {
+            const float m = state1[i] + s.one_minus_beta1 * (g - state1[i]);
+            const float v = state2[i] * s.beta2 + s.one_minus_beta2 * g * g;
+            neg_update = s.scaled_step * m / (sqrtf(v) + s.scaled_eps);
+            state1[i] = m;
+            state2[i] = v;
+        } else if (base == LION) {
+            neg_update = s.neg_step_size * sign_of(state1[i] * s.beta1 + g * s.one_minus_beta1);
+            state1[i] = state1[i] + s.one_minus_beta2 * (g - state1[i]);
+        } else {
+            float d = g + s.coupled_decay * theta;
+            if (base != SGD) {
+                const float b = state1[i] * s.buffer_decay + s.one_minus_dampening * d;
+                state1[i] = b;
+                d = base == SGD_NESTEROV ? d + s.momentum * b : b;
+            }
+            neg_update = s.neg_step_size * d;
+        }
+        const float half = anchor + neg_update;
+        float result = half;
+        if (mode == MS_UPDATE)
+            result = half * exp_float(clamp(times_sign_of(s.alpha_u * neg_update, half) - s.lr_beta, s.low, s.high));
+        if (mode == MS_GRADIENT || mode == MS_GRADIENT_GUARDED)
+            result = half * exp_float(clamp(times_sign_of(-s.alpha_g * g, half) - s.lr_beta, s.low, s.high));
+        if (mode == MS_GRADIENT_GUARDED)
+            result = fabsf(result) <= 3.402823466e38f ? result : theta; /* false for NaN and inf */
+        param[i] = result;
     }
 }
 
-/* One step over the n_tensors tensors of one param group, in blocks of `block` elements shared
- * out over num_threads OpenMP threads in one parallel region (one region per tensor costs a
- * thread wake-up per tensor, about 2 % of a GPT-2 step). block_starts[t] is the index of
- * tensor t's first block, block_starts[n_tensors] the total. */
-void horst_adamw_mirror_f32(int64_t n_tensors, float *const *params, const float *const *grads,
-                            float *const *exp_avgs, float *const *exp_avg_sqs,
-                            const int64_t *numels, int64_t block, const int64_t *block_starts,
-                            const float *scalars, int mirror_first, int num_threads) {
+#define CASE(B, M) \
+    case (B) * N_MODES + (M): update(p, g, s1, s2, begin, end, &k, B, M); break;
+#define CASES(B) CASE(B, NO_MIRROR) CASE(B, MS_UPDATE) CASE(B, SM) CASE(B, MS_GRADIENT) CASE(B, MS_GRADIENT_GUARDED)
+
+/* One step over the n_tensors tensors of one batch (same scalars), in blocks of `block`
+ * elements shared out over num_threads OpenMP threads in one parallel region (one region per
+ * tensor costs a thread wake-up per tensor, about 2 % of a GPT-2 step). block_starts[t] is the
+ * index of tensor t's first block, block_starts[n_tensors] the total. states1/states2 hold the
+ * base's state tensors (NULL where it has fewer). Returns 0, or -1 for an unknown base or mode. */
+int horst_mirror_step_f32(int64_t n_tensors, float *const *params, const float *const *grads,
+                          float *const *states1, float *const *states2, const int64_t *numels, int64_t block,
+                          const int64_t *block_starts, const float *scalars, int base, int mode,
+                          int num_threads) {
+    if (base < 0 || base >= N_BASES || mode < 0 || mode >= N_MODES) return -1;
+    const float *x = scalars;
+    const float clip = x[CLIP];
+    const Scalars k = {
+        x[GRAD_SCALE], x[BETA1], x[ONE_MINUS_BETA1], x[BETA2], x[ONE_MINUS_BETA2], x[MOMENTUM], x[BUFFER_DECAY],
+        x[ONE_MINUS_DAMPENING], x[COUPLED_DECAY], x[DECAY], x[NEG_STEP_SIZE], x[ALPHA_U], x[ALPHA_G], x[LR_BETA],
+        x[NEG_STEP_SIZE] * x[BIAS_CORRECTION2_SQRT], x[EPS] * x[BIAS_CORRECTION2_SQRT],
+        -clip > EXP_ARG_MIN ? -clip : EXP_ARG_MIN, clip < EXP_ARG_MAX ? clip : EXP_ARG_MAX, x[DECAY] * expf(-x[LR_BETA]),
+    };
     const int64_t n_blocks = block_starts[n_tensors];
-    const int kind = scalars[ALPHA_U] == 0 && scalars[ALPHA_G] == 0 && scalars[LR_BETA] == 0 ? NO_MIRROR
-                   : scalars[ALPHA_G] == 0 ? PULL_UPDATE
-                   : scalars[ALPHA_U] == 0 ? PULL_GRADIENT
-                   : PULL_BOTH;
     #pragma omp parallel for schedule(static) num_threads(num_threads) if(n_blocks > 1 && num_threads > 1)
     for (int64_t b = 0; b < n_blocks; b++) {
         int64_t t = 0, last = n_tensors - 1; /* the tensor holding block b: binary search */
@@ -111,16 +156,11 @@ void horst_adamw_mirror_f32(int64_t n_tensors, float *const *params, const float
         }
         const int64_t begin = (b - block_starts[t]) * block;
         const int64_t end = begin + block < numels[t] ? begin + block : numels[t];
-        float *p = params[t], *m = exp_avgs[t], *v = exp_avg_sqs[t];
+        float *p = params[t], *s1 = states1[t], *s2 = states2[t];
         const float *g = grads[t];
-        switch (2 * kind + mirror_first) {
-        case 2 * PULL_UPDATE: update(p, g, m, v, begin, end, scalars, 0, PULL_UPDATE); break;
-        case 2 * PULL_UPDATE + 1: update(p, g, m, v, begin, end, scalars, 1, PULL_UPDATE); break;
-        case 2 * PULL_GRADIENT: update(p, g, m, v, begin, end, scalars, 0, PULL_GRADIENT); break;
-        case 2 * PULL_GRADIENT + 1: update(p, g, m, v, begin, end, scalars, 1, PULL_GRADIENT); break;
-        case 2 * PULL_BOTH: update(p, g, m, v, begin, end, scalars, 0, PULL_BOTH); break;
-        case 2 * PULL_BOTH + 1: update(p, g, m, v, begin, end, scalars, 1, PULL_BOTH); break;
-        default: update(p, g, m, v, begin, end, scalars, 0, NO_MIRROR); break;
+        switch (base * N_MODES + mode) {
+            CASES(ADAMW) CASES(LION) CASES(SGD) CASES(SGD_MOMENTUM) CASES(SGD_NESTEROV)
         }
     }
+    return 0;
 }

@@ -1,16 +1,22 @@
 """The CPU fast path: ``_cpu_kernel.c`` compiled once per machine and called through ctypes.
 
-``torch.compile`` of ``adamw_mirror_tensor_`` is correct on CPU but slow there: with dynamic
-shapes its kernel takes ~2x the time of ``torch.optim.AdamW(fused=True)``, and each call
-costs ~0.2 ms of guards and wrappers, 30 ms a step for GPT-2's 148 tensors. This kernel
-does the same update in one vectorised pass per tensor and one call per param group
-(``bench/optimizer_step.py``). It serves float32 CPU tensors in a dense layout (contiguous,
-channels_last, ...); everything else (CUDA, bf16) takes the compiled path.
+``torch.compile`` of ``horst.functional.mirror_step_`` is correct on CPU but slow there: with
+dynamic shapes its kernel takes ~2x the time of ``torch.optim.AdamW(fused=True)``, and each call
+costs ~0.2 ms of guards and wrappers, 30 ms a step for GPT-2's 148 tensors. This kernel does
+the same update in one vectorised pass per tensor and one call per batch of tensors that share
+the step's scalars (``bench/optimizer_step.py``), for every base (AdamW, Lion, SGD). It serves
+float32 CPU tensors in a dense layout (contiguous, channels_last, ...); everything else (CUDA,
+bf16) takes the compiled path. It takes the scalars as packed in ``horst.functional.SCALARS``
+order; its enum names them in the same order.
 
 The shared library is built with the system C compiler (``$CC``, else ``cc``; the compiler
-inductor needs on CPU anyway) into ``$HORST_CACHE_DIR`` (default ``~/.cache/horst``), named
-by a hash of the source, the flags and the compiler, so that a changed source or another
-CPU type (a shared home directory on a cluster) never loads a stale or foreign build.
+inductor needs on CPU anyway) into ``$HORST_CACHE_DIR`` (default ``$XDG_CACHE_HOME/horst`` or
+``~/.cache/horst``), named by a hash of the source, the flags and the compiler, so that a
+changed source or another CPU type (a shared home directory on a cluster) never loads a stale
+or foreign build. A build is loaded only from a folder owned by the user and not writable by
+group or others, only if the file is so too, and only if its content hash matches the one
+recorded next to it when it was built; otherwise it is rebuilt in a private temporary folder,
+with a one-line warning (``KernelCacheWarning``).
 """
 
 from __future__ import annotations
@@ -20,14 +26,14 @@ import functools
 import hashlib
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
+import warnings
 from pathlib import Path
 
 import torch
 from torch import Tensor
-
-from horst.mirror import EXP_ARG_MAX, EXP_ARG_MIN
 
 SOURCE = Path(__file__).with_name("_cpu_kernel.c")
 # vectorisation flags for the ISA torch's own CPU kernels use on this machine
@@ -40,8 +46,17 @@ BLOCK = 1 << 15  # elements per unit of work of a thread (128 KiB of each stream
 BASE_FLAGS = ["-O3", "-funroll-loops", "-fno-math-errno", "-fno-trapping-math", "-fopenmp", "-shared", "-fPIC"]
 
 
+# the kernel's bases and mirror modes: its enums, in their order
+BASE_ADAMW, BASE_LION, BASE_SGD, BASE_SGD_MOMENTUM, BASE_SGD_NESTEROV = range(5)
+MODE_NO_MIRROR, MODE_MS_UPDATE, MODE_SM, MODE_MS_GRADIENT, MODE_MS_GRADIENT_GUARDED = range(5)
+
+
 class KernelBuildError(RuntimeError):
     pass
+
+
+class KernelCacheWarning(UserWarning):
+    """The cached build could not be trusted; the kernel was built in a private folder."""
 
 
 def cache_dir() -> Path:
@@ -61,16 +76,70 @@ def _flags() -> list[str]:
     return BASE_FLAGS + ISA_FLAGS.get(torch.backends.cpu.get_cpu_capability(), [])
 
 
+def untrusted(path: Path) -> str | None:
+    """Why ``path`` (a folder or a file) is not to be trusted, or None: it must be owned by this
+    user and not writable by group or others."""
+    info = path.stat()
+    if info.st_uid != os.geteuid():
+        return f"{path} is owned by uid {info.st_uid}, not by this user (uid {os.geteuid()})"
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{path} is writable by group or others (mode {stat.filemode(info.st_mode)})"
+    return None
+
+
+def content_hash(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def hash_record(library: Path) -> Path:
+    """The file holding the content hash of ``library`` recorded when it was built."""
+    return library.with_name(library.name + ".sha256")
+
+
+def cached_build_problem(library: Path) -> str | None:
+    """Why the cached ``library`` is not to be loaded, or None."""
+    record = hash_record(library)
+    if not record.exists():
+        return f"{library} has no recorded content hash"
+    problem = untrusted(library) or untrusted(record)
+    if problem is None and record.read_text().strip() != content_hash(library):
+        problem = f"{library} does not match the content hash recorded when it was built"
+    return problem
+
+
 def build() -> Path:
-    """The path of the compiled kernel, compiling it first if this machine has no build."""
+    """The path of the compiled kernel: the trusted cached build, or a new one."""
     compiler = _compiler()
     flags = _flags()
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256("\0".join([SOURCE.read_text(), *flags, version]).encode()).hexdigest()[:16]
-    library = cache_dir() / f"horst_cpu_kernel_{key}.so"
-    if library.exists():
-        return library
-    library.parent.mkdir(parents=True, exist_ok=True)
+    name = f"horst_cpu_kernel_{key}.so"
+    folder = cache_dir()
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        problem = untrusted(folder)
+        library = folder / name
+        if problem is None and not library.exists():
+            return _compile(compiler, flags, library)
+        if problem is None:
+            problem = cached_build_problem(library)
+        if problem is None:
+            return library
+    except OSError as error:
+        problem = f"{folder}: {error}"
+    warnings.warn(
+        f"horst: not loading the C kernel from the cache ({problem}); building it in a private folder",
+        KernelCacheWarning, stacklevel=2,
+    )  # fmt: skip
+    return _compile(compiler, flags, _private_dir() / name)
+
+
+@functools.cache
+def _private_dir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="horst-kernel-"))  # mode 0700, removed with the machine's /tmp
+
+
+def _compile(compiler: str, flags: list[str], library: Path) -> Path:
     # build next to the target and rename: concurrent processes (DDP ranks) never see half a file
     with tempfile.TemporaryDirectory(dir=library.parent) as tmp:
         partial = Path(tmp) / library.name
@@ -79,6 +148,10 @@ def build() -> Path:
         )
         if result.returncode != 0:
             raise KernelBuildError(f"{compiler} failed on {SOURCE.name}:\n{result.stderr.strip()}")
+        os.chmod(partial, 0o755)
+        record = Path(tmp) / hash_record(library).name
+        record.write_text(content_hash(partial) + "\n")
+        os.replace(record, hash_record(library))
         os.replace(partial, library)
     return library
 
@@ -86,60 +159,41 @@ def build() -> Path:
 @functools.cache
 def _kernel() -> ctypes.CDLL:
     library = ctypes.CDLL(str(build()))
-    function = library.horst_adamw_mirror_f32
+    function = library.horst_mirror_step_f32
     pointers = ctypes.POINTER(ctypes.c_void_p)
     function.argtypes = [
         ctypes.c_int64, pointers, pointers, pointers, pointers, ctypes.POINTER(ctypes.c_int64),
         ctypes.c_int64, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_float), ctypes.c_int, ctypes.c_int,
+        ctypes.c_int,
     ]  # fmt: skip
-    function.restype = None
+    function.restype = ctypes.c_int
     return function
 
 
 def supports(tensors: tuple[Tensor, ...]) -> bool:
-    """Whether the kernel can update these (param, grad, exp_avg, exp_avg_sq), given that they
-    share a dense layout (``horst._fast_path.dense_layout``): the kernel walks their memory
-    from ``data_ptr()`` on, in storage order."""
-    return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
+    """Whether the kernel can update these (param, grad, *state), given that they share a dense
+    layout (``horst._fast_path.dense_layout``): the kernel walks their memory from
+    ``data_ptr()`` on, in storage order."""
+    return len(tensors) <= 4 and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
 
 
-def kernel_scalars(values: dict[str, float]) -> list[float]:
-    """The kernel's scalars (the enum of ``_cpu_kernel.c``, in its order) from the step's
-    ``values`` (``horst.functional.adamw_mirror_values``)."""
-    bias_correction2_sqrt = values["bias_correction2_sqrt"]
-    return [
-        values["one_minus_beta1"],
-        values["beta2"],
-        values["one_minus_beta2"],
-        values["decay"],
-        values["neg_step_size"] * bias_correction2_sqrt,  # one division per element, not two
-        values["eps"] * bias_correction2_sqrt,
-        values["alpha_u"],
-        values["alpha_g"],
-        values["lr_beta"],
-        max(-values["clip"], EXP_ARG_MIN),  # HAM's clip and exp's float32 range in one clamp
-        min(values["clip"], EXP_ARG_MAX),
+def mirror_step_f32_(tensors: list[tuple[Tensor, ...]], scalars: tuple[float, ...], *, base: int, mode: int) -> None:
+    """One step over ``(param, grad, *state)`` tuples of dense float32 CPU tensors (``supports``),
+    one call. ``scalars`` in ``horst.functional.SCALARS`` order."""
+    count = len(tensors)
+    columns = list(zip(*tensors))
+    columns += [()] * (4 - len(columns))  # bases with fewer state tensors: NULL pointers
+    arrays = [
+        (ctypes.c_void_p * count)(*(t.data_ptr() for t in column)) if column else (ctypes.c_void_p * count)()
+        for column in columns
     ]
-
-
-def adamw_mirror_f32_(
-    params: list[Tensor],
-    grads: list[Tensor],
-    exp_avgs: list[Tensor],
-    exp_avg_sqs: list[Tensor],
-    values: dict[str, float],
-    *,
-    mirror_first: bool,
-) -> None:
-    """One AdamW + mirror step over dense float32 CPU tensors (``supports``), one call."""
-    count = len(params)
-    arrays = [(ctypes.c_void_p * count)(*(t.data_ptr() for t in ts)) for ts in (params, grads, exp_avgs, exp_avg_sqs)]
-    sizes = [t.numel() for t in params]
+    sizes = [t[0].numel() for t in tensors]
     block_starts = [0]
     for size in sizes:  # empty tensors take no block
         block_starts.append(block_starts[-1] + -(-size // BLOCK))
-    scalars = kernel_scalars(values)
-    _kernel()(
+    status = _kernel()(
         count, *arrays, (ctypes.c_int64 * count)(*sizes), BLOCK, (ctypes.c_int64 * (count + 1))(*block_starts),
-        (ctypes.c_float * len(scalars))(*scalars), int(mirror_first), torch.get_num_threads(),
+        (ctypes.c_float * len(scalars))(*scalars), base, mode, torch.get_num_threads(),
     )  # fmt: skip
+    if status != 0:
+        raise ValueError(f"C kernel: unknown base {base} or mode {mode}")

@@ -3,13 +3,15 @@
 * Dense float32 tensors on CPU: ``horst._cpu_kernel``, a C kernel called once per param group
   (``torch.compile``'s CPU code was ~2x ``torch.optim.AdamW(fused=True)`` per tensor, plus
   ~0.2 ms of call overhead per tensor).
-* Other dense tensors (CUDA, bf16): ``adamw_mirror_tensor_`` compiled by ``torch.compile`` into
-  one kernel (Triton on CUDA). Each tensor is passed as a 1-D alias and sizes are dynamic, so
-  one compilation serves every parameter of a run (one more per dtype and per order).
+* Other dense tensors (CUDA, bf16): ``horst.functional.mirror_step_`` compiled by
+  ``torch.compile`` into one kernel (Triton on CUDA). Each tensor is passed as a 1-D alias and
+  sizes are dynamic, so one compilation serves every parameter of a run (one more per base,
+  dtype, order and guard).
 * Tensors without a dense layout shared by all four (param, grad, moments): the plain path.
 
-Set ``HORST_FUSED=0`` (or pass ``fused=False``) for the plain eager path: the same function as
-the compiled one, no compilation, slower steps. A fast path that fails to build warns once and
+Every optimizer of ``horst`` (every base: AdamW, Lion, SGD) takes these paths. Set
+``HORST_FUSED=0`` (or pass ``fused=False``) for the plain eager path: the same function as the
+compiled one, no compilation, slower steps. A fast path that fails to build warns once and
 hands over to the next (C kernel -> compiled -> plain).
 """
 
@@ -24,7 +26,7 @@ import torch
 from torch import Tensor
 
 from horst import _cpu_kernel
-from horst.functional import adamw_mirror_scalars, adamw_mirror_tensor_
+from horst.functional import Descend, Scalars, mirror_step_, pack
 
 _failed: set[str] = set()  # fast paths that failed once in this process
 
@@ -46,9 +48,15 @@ def _give_up(path: str, error: Exception, fallback: str) -> None:
     )
 
 
+def _mirror_step_packed_(
+    descend: Descend, param: Tensor, grad: Tensor, state: tuple[Tensor, ...], packed: Tensor, order: str, guard: bool
+) -> None:
+    mirror_step_(descend, param, grad, state, Scalars(*packed.unbind()), order, guard)
+
+
 @functools.cache
 def _compiled_kernel():
-    return torch.compile(adamw_mirror_tensor_, dynamic=True, fullgraph=True)
+    return torch.compile(_mirror_step_packed_, dynamic=True, fullgraph=True)
 
 
 def dense_layout(tensors: Sequence[Tensor]) -> bool:
@@ -74,64 +82,86 @@ def flat_aliases(tensors: Sequence[Tensor]) -> tuple[Tensor, ...]:
     )
 
 
-def adamw_mirror_foreach_(
-    tensors: Sequence[tuple[Tensor, Tensor, Tensor, Tensor]],
-    values: dict[str, float],
+def kernel_mode(s: Scalars, order: str, guard: bool) -> int | None:
+    """The C kernel's mirror mode for these scalars, or None if it has none (a pull by both
+    the update and the gradient, or a guard without HAM's pull: no optimizer here asks for them)."""
+    if s.alpha_u == 0 and s.alpha_g == 0 and s.lr_beta == 0 and not guard:
+        return _cpu_kernel.MODE_NO_MIRROR
+    if order == "sm":
+        return _cpu_kernel.MODE_SM if s.alpha_g == 0 and not guard else None
+    if s.alpha_g == 0 and not guard:
+        return _cpu_kernel.MODE_MS_UPDATE
+    if s.alpha_u == 0:
+        return _cpu_kernel.MODE_MS_GRADIENT_GUARDED if guard else _cpu_kernel.MODE_MS_GRADIENT
+    return None
+
+
+def mirror_step_foreach_(
+    descend: Descend,
+    kernel_base: int,
+    tensors: Sequence[tuple[Tensor, ...]],
+    s: Scalars,
     *,
-    mirror_first: bool,
+    order: str,
+    guard: bool,
     fast: bool,
 ) -> None:
-    """One step over ``(param, grad, exp_avg, exp_avg_sq)`` tuples that share the step's
-    scalars ``values`` (``horst.functional.adamw_mirror_values``)."""
+    """One step over ``(param, grad, *state)`` tuples that share the step's scalars ``s``:
+    ``descend`` (a base's, with ``kernel_base`` its base in the C kernel) composed with the
+    mirror step, on the fast path if ``fast``, else on the plain path."""
     for_kernel, for_compiler, for_plain = [], [], []
+    mode = kernel_mode(s, order, guard)
     for group in tensors:
         if not (fast and dense_layout(group)):
             for_plain.append(group)
-        elif _cpu_kernel.supports(group):
+        elif mode is not None and _cpu_kernel.supports(group):
             for_kernel.append(group)
         else:
             for_compiler.append(group)
-    if for_kernel and not _cpu_kernel_step(for_kernel, values, mirror_first):
+    if for_kernel and not _cpu_kernel_step(for_kernel, s, kernel_base, mode):
         for_compiler += for_kernel
-    scalars = _ScalarsByDevice(values)
+    packed = _PackedByDevice(s)
     for index, group in enumerate(for_compiler):
-        if not _compiled_step(flat_aliases(group), scalars, mirror_first):
+        if not _compiled_step(descend, flat_aliases(group), packed, order, guard):
             for_plain += for_compiler[index:]
             break
-    for param, grad, exp_avg, exp_avg_sq in for_plain:
-        adamw_mirror_tensor_(param, grad, exp_avg, exp_avg_sq, scalars[param.device], mirror_first)
+    for param, grad, *state in for_plain:
+        mirror_step_(descend, param, grad, tuple(state), s, order, guard)
 
 
-class _ScalarsByDevice(dict):
+class _PackedByDevice(dict):
     """The step's packed scalars on each device that asks for them, made once per step."""
 
-    def __init__(self, values: dict[str, float]) -> None:
+    def __init__(self, values: Scalars) -> None:
         super().__init__()
         self.values = values
 
     def __missing__(self, device: torch.device) -> Tensor:
-        self[device] = adamw_mirror_scalars(self.values, device)
+        self[device] = pack(self.values, device)
         return self[device]
 
 
-def _cpu_kernel_step(tensors: list[tuple[Tensor, ...]], values: dict[str, float], mirror_first: bool) -> bool:
+def _cpu_kernel_step(tensors: list[tuple[Tensor, ...]], s: Scalars, base: int, mode: int) -> bool:
     """The C kernel over all ``tensors`` in one call; False if it is not available."""
     if "C kernel" in _failed:
         return False
     try:
-        _cpu_kernel.adamw_mirror_f32_(*map(list, zip(*tensors)), values, mirror_first=mirror_first)
+        _cpu_kernel.mirror_step_f32_(tensors, tuple(s), base=base, mode=mode)
     except (_cpu_kernel.KernelBuildError, OSError) as error:
         _give_up("C kernel", error, "compiled path (torch.compile)")
         return False
     return True
 
 
-def _compiled_step(tensors: tuple[Tensor, ...], scalars: _ScalarsByDevice, mirror_first: bool) -> bool:
+def _compiled_step(
+    descend: Descend, tensors: tuple[Tensor, ...], packed: _PackedByDevice, order: str, guard: bool
+) -> bool:
     """The compiled kernel on one tensor's 1-D aliases; False if it is not available."""
     if "torch.compile" in _failed:
         return False
+    param, grad, *state = tensors
     try:
-        _compiled_kernel()(*tensors, scalars[tensors[0].device], mirror_first)
+        _compiled_kernel()(descend, param, grad, tuple(state), packed[param.device], order, guard)
     except Exception as error:  # noqa: BLE001 - any compiler failure: fall back, loudly
         _give_up("torch.compile", error, "plain path")
         return False

@@ -1,18 +1,32 @@
-"""Functional cores of the optimizers: per-tensor updates with no optimizer state of their own.
+"""The functional core: one step over one tensor, a steepest-descent step composed with the
+mirror step, with no optimizer state of its own (docs/design.md §2).
 
-The AdamW-based step (HORST, HAM) is one elementwise function, ``adamw_mirror_tensor_``,
-that runs either eagerly (the plain path) or compiled into a single fused kernel by
-``torch.compile`` (the fast path, see ``horst._fast_path``). Both paths execute the very
-same code, so they cannot drift apart.
+A base optimizer (``horst.adamw``, ``horst.lion``, ``horst.sgd``) supplies a ``descend``
+function: from the anchor (``theta`` after decoupled decay), ``theta``, the gradient, its
+state tensors and the step's scalars it returns ``(theta_half, -u, new_state)``, adding its
+update to the anchor exactly as its plain ``torch.optim`` counterpart does (so that with the
+mirror step off the plain path is bit-identical to it). ``mirror_step_`` composes it with the
+mirror step in either order:
 
-The AdamW part follows ``torch.optim.AdamW``'s single-tensor implementation operation by
-operation, so that with the mirror step switched off the plain path is bit-identical to it.
-See DESIGN §2 and the module docstring of ``horst.mirror`` for the mirror step.
+* "ms" (the paper's HORST, and HAM): ``theta_half = descend(theta * decay)``, then
+  ``theta_new = theta_half * exp(clamp(-sign(theta_half) * (alpha_u * u + alpha_g * g) - lr_beta))``
+  (``horst.mirror``);
+* "sm" (the paper's ablation S∘M, docs/design.md §2.1): the mirror operator acts on the
+  gradient, ``g_m = (1 + alpha_u * |theta|) * g``, the base steps with ``g_m``, and beta's
+  shrinkage scales the anchor: ``theta_new = descend(theta * decay * exp(-lr_beta), g_m)``.
+
+The same function runs eagerly with Python-float scalars (the plain path) and compiled by
+``torch.compile`` with the scalars packed in one tensor (``horst._fast_path``; packing keeps the
+kernel from recompiling for every new lr). ``SCALARS`` is the one ordering of the packed
+scalars; the C kernel (``_cpu_kernel.c``) takes the same array and its enum lists the same
+names in the same order (``tests/test_horst_fast_path.py`` checks).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -20,166 +34,88 @@ from torch import Tensor
 from horst.mirror import mirror_factor
 
 
-@dataclass(frozen=True)
-class MirrorCoefficients:
-    """Per-group coefficients of the mirror step (see ``horst.mirror``)."""
+class Scalars(NamedTuple):
+    """A step's scalars, shared by every tensor of a batch. Python floats on the plain path,
+    0-d tensors on the compiled path. Each base reads the ones it needs."""
 
-    alpha_u: float  # weight of the steepest-descent update u (HORST's alpha)
-    alpha_g: float  # weight of the raw gradient g (HAM's lr * alpha)
+    grad_scale: float  # -1 with maximize=True, else 1
+    beta1: float  # Adam / Lion first-moment coefficient
+    one_minus_beta1: float
+    beta2: float  # Adam second moment; Lion's momentum coefficient
+    one_minus_beta2: float
+    momentum: float  # SGD (Nesterov's look-ahead)
+    buffer_decay: float  # SGD: momentum, 0 on the buffer's first step (torch starts it at d)
+    one_minus_dampening: float  # SGD: 1 - dampening, 1 on the buffer's first step
+    coupled_decay: float  # SGD's weight decay, added to the gradient
+    decay: float  # decoupled weight decay: 1 - lr * weight_decay (AdamW, Lion; 1 for SGD)
+    neg_step_size: float  # -lr / (1 - beta1**step) (AdamW), -lr (Lion, SGD)
+    bias_correction2_sqrt: float  # sqrt(1 - beta2**step) (AdamW)
+    eps: float
+    alpha_u: float  # mirror pull by the update (HORST's alpha; S∘M's gradient scale)
+    alpha_g: float  # mirror pull by the raw gradient (HAM's lr * alpha)
     lr_beta: float  # lr * beta
-    clip: float  # exponent clamp, inf for none
-
-    @staticmethod
-    def none() -> "MirrorCoefficients":
-        return MirrorCoefficients(0.0, 0.0, 0.0, float("inf"))
+    clip: float  # clamp of the mirror exponent (HAM: 5; inf for none)
 
 
-# Order of the scalars packed into one tensor for ``adamw_mirror_tensor_``. Packing them
-# keeps the compiled kernel from specialising (and recompiling) on every new lr value.
-ADAMW_SCALARS = (
-    "one_minus_beta1", "beta2", "one_minus_beta2", "decay", "neg_step_size",
-    "bias_correction2_sqrt", "eps", "alpha_u", "alpha_g", "lr_beta", "clip",
-)  # fmt: skip
+SCALARS: tuple[str, ...] = Scalars._fields
+
+# descend(anchor, theta, grad, state, scalars) -> (theta_half, neg_update, new_state)
+Descend = Callable[[Tensor, Tensor, Tensor, tuple[Tensor, ...], Scalars], tuple[Tensor, Tensor, tuple[Tensor, ...]]]
 
 
-def adamw_mirror_values(
-    *,
-    lr: float,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    weight_decay: float,
-    step: int,
-    mirror: MirrorCoefficients,
-) -> dict[str, float]:
-    """The step's scalars, by the names of ``ADAMW_SCALARS``."""
-    bias_correction1 = 1 - beta1**step
-    bias_correction2 = 1 - beta2**step
-    values = (
-        1 - beta1,
-        beta2,
-        1 - beta2,
-        1 - lr * weight_decay,
-        -(lr / bias_correction1),
-        bias_correction2**0.5,
-        eps,
-        mirror.alpha_u,
-        mirror.alpha_g,
-        mirror.lr_beta,
-        mirror.clip,
-    )
-    return dict(zip(ADAMW_SCALARS, values))
+def scalars(**values: float) -> Scalars:
+    """A ``Scalars`` with the unused entries at neutral values (1 for the scales, 0 otherwise)."""
+    neutral = dict.fromkeys(SCALARS, 0.0)
+    neutral.update(grad_scale=1.0, decay=1.0, bias_correction2_sqrt=1.0, clip=math.inf)
+    neutral.update(values)
+    return Scalars(**neutral)
 
 
-def adamw_mirror_scalars(values: dict[str, float], device: torch.device) -> Tensor:
-    """Pack the step's scalars as ``adamw_mirror_tensor_`` expects them (float32)."""
-    packed = [values[name] for name in ADAMW_SCALARS]
-    return torch.tensor(packed, dtype=torch.float32).to(device, non_blocking=True)
+def pack(values: Scalars, device: torch.device) -> Tensor:
+    """The scalars as one float32 tensor in ``SCALARS`` order (the compiled path's argument)."""
+    return torch.tensor(values, dtype=torch.float32).to(device, non_blocking=True)
 
 
-def adamw_mirror_tensor_(
+def axpy(x: Tensor, y: Tensor, a: float | Tensor) -> Tensor:
+    """``x + a * y`` as ``torch.add(x, y, alpha=a)`` computes it (one rounding, as in the plain
+    optimizers' ``add_(..., alpha=...)``) when ``a`` is a number; a tensor ``a`` (compiled path)
+    is multiplied out."""
+    return x + a * y if isinstance(a, Tensor) else torch.add(x, y, alpha=a)
+
+
+def _exp_scalar(x: float | Tensor) -> float | Tensor:
+    return torch.exp(x) if isinstance(x, Tensor) else math.exp(x)
+
+
+def mirror_step_(
+    descend: Descend,
     param: Tensor,
     grad: Tensor,
-    exp_avg: Tensor,
-    exp_avg_sq: Tensor,
-    scalars: Tensor,
-    mirror_first: bool,
+    state: tuple[Tensor, ...],
+    s: Scalars,
+    order: str,
+    guard: bool,
 ) -> None:
-    """One AdamW step followed (order "ms") or preceded (order "sm") by the mirror step.
+    """One step on ``param`` and its ``state`` tensors, in place (see the module docstring).
 
-    Updates ``param``, ``exp_avg`` and ``exp_avg_sq`` in place. Low-precision tensors are
-    computed in float32 and stored back in their own dtype.
+    Low-precision tensors are computed in float32 and stored back in their own dtype. With
+    ``guard`` (HAM's NaN guard) a weight whose new value is not finite keeps its old value.
     """
-    (one_minus_beta1, beta2, one_minus_beta2, decay, neg_step_size,
-     bias_correction2_sqrt, eps, alpha_u, alpha_g, lr_beta, clip) = scalars.unbind()  # fmt: skip
     compute_dtype = torch.promote_types(param.dtype, torch.float32)
     theta = param.to(compute_dtype)
-    g = grad.to(compute_dtype)
-
-    m = exp_avg.to(compute_dtype).lerp(g, one_minus_beta1)
-    # addcmul, as torch's AdamW: its scalar tail may contract to an FMA, a mul + add cannot
-    v = torch.addcmul(exp_avg_sq.to(compute_dtype) * beta2, one_minus_beta2 * g, g)
-    denom = v.sqrt() / bias_correction2_sqrt + eps
-    neg_update = neg_step_size * m / denom  # -u, u = Adam(g, lr)
-
-    if mirror_first:  # "sm": mirror at theta, then AdamW (the paper's ablation)
-        theta = theta * mirror_factor(theta, neg_update, g, alpha_u, alpha_g, lr_beta, clip)
-        theta = theta * decay + neg_update
-    else:  # "ms": AdamW, then mirror at theta_half (HORST, HAM)
-        theta_half = theta * decay + neg_update
-        theta = theta_half * mirror_factor(
-            theta_half, neg_update, g, alpha_u, alpha_g, lr_beta, clip
-        )
-
-    param.copy_(theta)
-    exp_avg.copy_(m)
-    exp_avg_sq.copy_(v)
-
-
-def sgd_mirror_tensor_(
-    param: Tensor,
-    grad: Tensor,
-    momentum_buffer: Tensor | None,
-    *,
-    lr: float,
-    momentum: float,
-    dampening: float,
-    nesterov: bool,
-    weight_decay: float,
-    mirror: MirrorCoefficients,
-    mirror_first: bool,
-) -> Tensor | None:
-    """``torch.optim.SGD``'s step (coupled weight decay, momentum, Nesterov) composed with
-    the mirror step. Returns the momentum buffer (created on the first step)."""
-    direction = grad.add(param, alpha=weight_decay) if weight_decay != 0 else grad
-    if momentum != 0:
-        if momentum_buffer is None:
-            momentum_buffer = direction.detach().clone()
-        else:
-            momentum_buffer.mul_(momentum).add_(direction, alpha=1 - dampening)
-        direction = direction.add(momentum_buffer, alpha=momentum) if nesterov else momentum_buffer
-    _descend_and_mirror_(param, direction, grad, lr=lr, decay=1.0, mirror=mirror, mirror_first=mirror_first)
-    return momentum_buffer
-
-
-def lion_mirror_tensor_(
-    param: Tensor,
-    grad: Tensor,
-    exp_avg: Tensor,
-    *,
-    lr: float,
-    beta1: float,
-    beta2: float,
-    weight_decay: float,
-    mirror: MirrorCoefficients,
-    mirror_first: bool,
-) -> None:
-    """Lion's sign-descent step (Chen et al., 2023, "Symbolic Discovery of Optimization
-    Algorithms") with decoupled weight decay, composed with the mirror step."""
-    direction = exp_avg.lerp(grad, 1 - beta1).sign_()
-    exp_avg.lerp_(grad, 1 - beta2)
-    _descend_and_mirror_(
-        param, direction, grad, lr=lr, decay=1 - lr * weight_decay, mirror=mirror, mirror_first=mirror_first
-    )
-
-
-def _descend_and_mirror_(
-    param: Tensor,
-    direction: Tensor,
-    grad: Tensor,
-    *,
-    lr: float,
-    decay: float,
-    mirror: MirrorCoefficients,
-    mirror_first: bool,
-) -> None:
-    """``param <- param * decay - lr * direction`` with the mirror step after it ("ms") or
-    before it ("sm"). The descent is written as the plain optimizers write it, so that a
-    zero mirror step reproduces them exactly."""
-    coefficients = (mirror.alpha_u, mirror.alpha_g, mirror.lr_beta, mirror.clip)
-    neg_update = direction.mul(-lr)
-    if mirror_first:
-        param.mul_(mirror_factor(param, neg_update, grad, *coefficients))
-    param.mul_(decay).add_(direction, alpha=-lr)
-    if not mirror_first:
-        param.mul_(mirror_factor(param, neg_update, grad, *coefficients))
+    g = grad.to(compute_dtype) * s.grad_scale
+    if order == "sm":  # S∘M: the mirror operator scales the gradient, Adam (or Lion, SGD) normalises it
+        g = g * (1 + s.alpha_u * theta.abs())
+        anchor = theta * s.decay * _exp_scalar(-s.lr_beta)
+    else:
+        anchor = theta * s.decay
+    theta_half, neg_update, new_state = descend(anchor, theta, g, state, s)
+    if order == "sm":
+        new = theta_half
+    else:
+        new = theta_half * mirror_factor(theta_half, neg_update, g, s.alpha_u, s.alpha_g, s.lr_beta, s.clip)
+    if guard:
+        new = torch.where(torch.isfinite(new), new, theta)
+    param.copy_(new)
+    for tensor, value in zip(state, new_state):
+        tensor.copy_(value)

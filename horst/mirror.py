@@ -1,4 +1,5 @@
-"""The hyperbolic-entropy mirror step shared by every optimizer in this package.
+"""The hyperbolic-entropy mirror step shared by every optimizer in this package
+(docs/design.md §2.1, §2.2).
 
 HORST (Jacobs, Jain, Burkholz, "HORST: Composing Optimizer Geometries for Sparse
 Transformer Training", arXiv 2605.21104) and HAM (Jacobs et al., ICLR 2026,
@@ -14,13 +15,16 @@ that follows from the hyperbolic-entropy mirror map. They differ only in what ``
 
 Writing both as ``x = alpha_u * u + alpha_g * g`` lets one elementwise kernel serve both.
 Tensors that do not take the mirror step use ``alpha_u = alpha_g = lr_beta = 0``, for which
-the factor is exactly 1.
+the factor is exactly 1. Order "sm" (S∘M, docs/design.md §2.1) does not use this factor: it
+scales the gradient by ``1 + alpha * |theta|`` before the steepest-descent step
+(``horst.functional.mirror_step_``).
 
 The exponential is evaluated by ``exp_float32`` below rather than ``torch.exp``: inductor's
 CPU code calls SLEEF's ``expf8_u10``, which made the fused step compute-bound and ~2x
 slower than ``torch.optim.AdamW(fused=True)``; the polynomial here keeps the step
 memory-bound (``bench/optimizer_step.py``) at 2e-7 worst-case relative error, and
 ``exp_float32(0) == 1`` exactly. The CPU kernel (``_cpu_kernel.c``) uses the same polynomial.
+Float64 tensors (the toy experiment) use ``torch.exp``.
 """
 
 from __future__ import annotations
@@ -62,7 +66,12 @@ def mirror_factor(
     """
     sign = torch.sign(anchor)
     exponent = sign * (alpha_u * neg_update - alpha_g * grad) - lr_beta
-    return exp_float32(torch.clamp(exponent, -clip, clip))
+    return exp(torch.clamp(exponent, -clip, clip))
+
+
+def exp(x: Tensor) -> Tensor:
+    """``exp_float32`` for float32 (and lower precision computed in float32), ``torch.exp`` for float64."""
+    return torch.exp(x) if x.dtype == torch.float64 else exp_float32(x)
 
 
 def exp_float32(x: Tensor) -> Tensor:

@@ -1,5 +1,5 @@
-"""Plain float32 references for the optimizers of ``horst`` (DESIGN §2), written from the
-formulas and shared by the optimizer tests."""
+"""Plain references for the optimizers of ``horst`` (docs/design.md §2), written from the
+formulas and shared by the optimizer tests (float32 unless the caller passes float64)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 
 
 def adam_update(m, v, g, *, step, lr, betas, eps):
-    """Returns (u, m, v): u = Adam(g, lr) exactly as DESIGN §2 writes it."""
+    """Returns (u, m, v): u = Adam(g, lr) exactly as docs/design.md §2 writes it."""
     b1, b2 = betas
     m = b1 * m + (1 - b1) * g
     v = b2 * v + (1 - b2) * g * g
@@ -18,15 +18,16 @@ def adam_update(m, v, g, *, step, lr, betas, eps):
 
 
 def reference_horst_step(theta, m, v, g, *, step, lr, betas, eps, wd, alpha, beta, order, hyperbolic):
-    u, m, v = adam_update(m, v, g, step=step, lr=lr, betas=betas, eps=eps)
     if not hyperbolic:
         alpha, beta = 0.0, 0.0
     if order == "ms":
+        u, m, v = adam_update(m, v, g, step=step, lr=lr, betas=betas, eps=eps)
         half = theta * (1 - lr * wd) - u
         theta = half * torch.exp(-alpha * torch.sign(half) * u - lr * beta)
-    else:
-        a = theta * torch.exp(-alpha * torch.sign(theta) * u - lr * beta)
-        theta = a * (1 - lr * wd) - u
+    else:  # S∘M: Adam of the mirror-scaled gradient (docs/design.md §2.1)
+        g_m = (1 + alpha * theta.abs()) * g
+        u, m, v = adam_update(m, v, g_m, step=step, lr=lr, betas=betas, eps=eps)
+        theta = theta * (1 - lr * wd) * math.exp(-lr * beta) - u
     return theta, m, v
 
 

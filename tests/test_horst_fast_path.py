@@ -32,7 +32,7 @@ def horst_factory(order, fused, alpha=20.0, beta=0.5):
 def fast_path(request, monkeypatch):
     """Runs the test on one fast path and checks that it, and only it, did the work."""
     calls = {"C kernel": 0, "compiled": 0}
-    kernel, compiled = _cpu_kernel.adamw_mirror_f32_, _fast_path._compiled_kernel()
+    kernel, compiled = _cpu_kernel.mirror_step_f32_, _fast_path._compiled_kernel()
 
     def count(name, function):
         def counted(*args, **kwargs):
@@ -41,7 +41,7 @@ def fast_path(request, monkeypatch):
 
         return counted
 
-    monkeypatch.setattr(_cpu_kernel, "adamw_mirror_f32_", count("C kernel", kernel))
+    monkeypatch.setattr(_cpu_kernel, "mirror_step_f32_", count("C kernel", kernel))
     monkeypatch.setattr(_fast_path, "_compiled_kernel", lambda: count("compiled", compiled))
     if request.param == "compiled":  # as on CUDA
         monkeypatch.setattr(_cpu_kernel, "supports", lambda tensors: False)

@@ -1,0 +1,197 @@
+"""AdamW as the steepest-descent step: ``HORST`` (the paper's optimizer) and ``HAM`` (its baseline).
+
+Both keep exactly ``torch.optim.AdamW``'s state (``step``, ``exp_avg``, ``exp_avg_sq``), so AdamW
+checkpoints load into them and back; they differ in the mirror step (docs/design.md §2.1, §2.2).
+With ``u = Adam(g, lr)`` (bias-corrected, lr included):
+
+* HORST: ``theta_half = theta * (1 - lr * weight_decay) - u``,
+  ``theta_new = theta_half * exp(-alpha * sign(theta_half) * u - lr * beta)``
+  (Jacobs, Jain, Burkholz, "HORST: Composing Optimizer Geometries for Sparse Transformer
+  Training", arXiv 2605.21104). ``order="sm"`` is the paper's ablation S∘M: Adam is fed the
+  mirror-scaled gradient ``(1 + alpha * |theta|) * g`` and
+  ``theta_new = theta * (1 - lr * weight_decay) * exp(-lr * beta) - Adam(g_m, lr)``; Adam's
+  normalisation cancels the scale, and with it the sparsity bias.
+* HAM: ``theta_new = theta_half * exp(clamp(lr * (-alpha * sign(theta_half) * g - beta), -5, 5))``
+  with the raw gradient ``g`` (Jacobs et al., "Hyperbolic Aware Minimization", ICLR 2026,
+  arXiv 2506.02630), plus the reference implementation's guards: a NaN guard and an optional
+  per-tensor norm cap.
+
+``alpha = beta = 0`` is ``torch.optim.AdamW`` bit for bit on the plain path.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from horst._cpu_kernel import BASE_ADAMW
+from horst.functional import Descend, Scalars, scalars
+from horst.optimizer import MirrorOptimizer, check_betas, check_non_negative
+
+HAM_EXPONENT_CLIP = 5.0
+
+
+def adamw_descend(
+    anchor: Tensor, theta: Tensor, g: Tensor, state: tuple[Tensor, ...], s: Scalars
+) -> tuple[Tensor, Tensor, tuple[Tensor, ...]]:
+    """AdamW's step added to ``anchor = theta * (1 - lr * weight_decay)``, operation by operation
+    as ``torch.optim.AdamW``'s single-tensor implementation computes it."""
+    exp_avg, exp_avg_sq = state
+    m = exp_avg.to(g.dtype).lerp(g, s.one_minus_beta1)
+    # addcmul, as torch's AdamW: its scalar tail may contract to an FMA, a mul + add cannot
+    v = torch.addcmul(exp_avg_sq.to(g.dtype) * s.beta2, s.one_minus_beta2 * g, g)
+    denom = v.sqrt() / s.bias_correction2_sqrt + s.eps
+    neg_update = s.neg_step_size * m / denom  # -u, u = Adam(g, lr)
+    return anchor + neg_update, neg_update, (m, v)
+
+
+class _AdamWBase(MirrorOptimizer):
+    """AdamW composed with a mirror step: state, scalars and descent shared by HORST and HAM."""
+
+    def _check_base(self, group: dict[str, Any]) -> None:
+        check_non_negative(eps=group["eps"])
+        check_betas(group["betas"])
+
+    def _state_names(self, group: dict[str, Any]) -> tuple[str, ...]:
+        return ("exp_avg", "exp_avg_sq")
+
+    def _init_state(self, param: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        if not state:  # exactly torch.optim.AdamW's state
+            state["step"] = torch.tensor(0.0, dtype=torch.float32)
+            state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+        elif not torch.is_tensor(state["step"]):  # older checkpoints hold a number
+            state["step"] = torch.tensor(float(state["step"]), dtype=torch.float32)
+
+    def _advance(self, state: dict[str, Any], group: dict[str, Any]) -> int:
+        state["step"] += 1
+        return int(state["step"].item())
+
+    def _scalars(self, group: dict[str, Any], lr: float, step: int, mirror: tuple[float, ...]) -> Scalars:
+        beta1, beta2 = group["betas"]
+        alpha_u, alpha_g, lr_beta, clip = mirror
+        return scalars(
+            grad_scale=-1.0 if group["maximize"] else 1.0,
+            one_minus_beta1=1 - beta1, beta2=beta2, one_minus_beta2=1 - beta2,
+            decay=1 - lr * group["weight_decay"], neg_step_size=-(lr / (1 - beta1**step)),
+            bias_correction2_sqrt=math.sqrt(1 - beta2**step), eps=group["eps"],
+            alpha_u=alpha_u, alpha_g=alpha_g, lr_beta=lr_beta, clip=clip,
+        )  # fmt: skip
+
+    def _descend(self, group: dict[str, Any]) -> tuple[Descend, int]:
+        return adamw_descend, BASE_ADAMW
+
+
+class HORST(_AdamWBase):
+    """Hyperbolic Operator for Robust Sparse Training over AdamW (see the module docstring).
+
+    Args:
+        params: parameters or param groups. A group may set ``hyperbolic`` (bool) to choose
+            whether its tensors take the mirror step; by default tensors with ``ndim >= 2`` do
+            and the others get plain AdamW.
+        lr (float or tensor), betas, eps, weight_decay, maximize: as in ``torch.optim.AdamW``.
+        alpha: strength of the mirror step (the L1 bias); 0 turns it off.
+        beta: extra multiplicative shrinkage, ``exp(-lr * beta)`` per step.
+        order: ``"ms"`` (the paper's HORST) or ``"sm"`` (the ablation S∘M).
+        fused: ``True`` for the fast path (a C kernel for float32 on CPU, a ``torch.compile``d
+            kernel otherwise; ``horst._fast_path``), ``False`` for the plain path, ``None``
+            (default) for the fast path unless the environment sets ``HORST_FUSED=0``.
+        foreach, capturable, differentiable: accepted as ``None``/``False`` (``ValueError``
+            otherwise, naming the alternative).
+
+    Keep ``alpha * lr`` well below 1: each step scales a weight by about ``exp(+-alpha * |u|)``
+    with ``|u|`` up to a few ``lr``. The defaults ``alpha=10, beta=0.1`` are ours (the paper's
+    values are not public).
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float | Tensor = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        alpha: float = 10.0,
+        beta: float = 0.1,
+        order: str = "ms",
+        *,
+        maximize: bool = False,
+        foreach: bool | None = None,
+        fused: bool | None = None,
+        capturable: bool = False,
+        differentiable: bool = False,
+    ) -> None:
+        defaults = dict(
+            lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, alpha=alpha, beta=beta, order=order
+        )
+        super().__init__(
+            params, defaults, maximize=maximize, foreach=foreach, fused=fused,
+            capturable=capturable, differentiable=differentiable,
+        )  # fmt: skip
+
+
+class HAM(_AdamWBase):
+    """AdamW, then HAM's gradient-driven hyperbolic step on hyperbolic tensors.
+
+    Args are those of ``horst.HORST`` without ``order`` (HAM always mirrors after AdamW), and:
+        max_norm: per-tensor cap on the L2 norm of a hyperbolic tensor after the step (the
+            tensor is rescaled to it); ``None`` (default): no cap.
+        nan_guard: where a hyperbolic tensor's step gives a non-finite value, the weight keeps
+            its old value (default ``True``).
+
+    Defaults are the authors' ImageNet values, ``alpha=200, beta=1e-3``. Zeros stay zero.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float | Tensor = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        alpha: float = 200.0,
+        beta: float = 1e-3,
+        *,
+        max_norm: float | None = None,
+        nan_guard: bool = True,
+        maximize: bool = False,
+        foreach: bool | None = None,
+        fused: bool | None = None,
+        capturable: bool = False,
+        differentiable: bool = False,
+    ) -> None:
+        defaults = dict(
+            lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, alpha=alpha, beta=beta,
+            max_norm=max_norm, nan_guard=nan_guard,
+        )  # fmt: skip
+        super().__init__(
+            params, defaults, maximize=maximize, foreach=foreach, fused=fused,
+            capturable=capturable, differentiable=differentiable,
+        )  # fmt: skip
+
+    def _check_base(self, group: dict[str, Any]) -> None:
+        super()._check_base(group)
+        if group["max_norm"] is not None:
+            check_non_negative(max_norm=group["max_norm"])
+        if not isinstance(group["nan_guard"], bool):
+            raise ValueError(f"nan_guard must be a bool, got {group['nan_guard']!r}")
+
+    def _mirror(self, group: dict[str, Any], lr: float) -> tuple[float, float, float, float]:
+        return (0.0, lr * group["alpha"], lr * group["beta"], HAM_EXPONENT_CLIP)
+
+    def _guard(self, group: dict[str, Any]) -> bool:
+        return group["nan_guard"]
+
+    def _after_step(self, group: dict[str, Any], hyperbolic_params: list[Tensor]) -> None:
+        if group["max_norm"] is None or not hyperbolic_params:
+            return
+        # complex tensors as their real views, as in the step
+        hyperbolic_params = [torch.view_as_real(p) if p.is_complex() else p for p in hyperbolic_params]
+        norms = torch._foreach_norm(hyperbolic_params)
+        # min(1, max_norm / norm) without a host sync; a zero tensor keeps its factor 1
+        factors = [torch.clamp(group["max_norm"] / n.clamp(min=torch.finfo(n.dtype).tiny), max=1.0) for n in norms]
+        torch._foreach_mul_(hyperbolic_params, factors)

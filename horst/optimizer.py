@@ -1,0 +1,221 @@
+"""``MirrorOptimizer``: the base class of every optimizer in ``horst`` (docs/design.md §2).
+
+It owns what the optimizers share: argument checks (done once, in ``_check_group``, for the
+constructor, for groups added later and again at every ``step`` so that an invalid group
+changes no tensor), torch's conventions (positional ``lr``, tensor ``lr``, ``maximize``,
+``foreach``/``fused``/``capturable``/``differentiable``, complex parameters through
+``torch.view_as_real``, sparse gradients refused before anything changes), the rule that picks
+the tensors taking the mirror step, lazily initialised state, ``__setstate__`` (state dicts of
+the plain optimizers and of older versions load), and the step loop, which hands each batch of
+tensors sharing the step's scalars to the plain or the fast path (``horst._fast_path``).
+
+A base optimizer (``horst.adamw``, ``horst.lion``, ``horst.sgd``) is one subclass that says
+what its state is (``_state_names``, ``_init_state``, ``_advance``), what its step's scalars
+are (``_scalars``) and how it descends (``_descend``: a function of ``horst.functional`` form
+and the matching base of the C kernel). The group key ``hyperbolic`` chooses the tensors that
+take the mirror step: ``True``/``False`` for the whole group, ``None`` (default) for HAM's rule,
+every tensor with ``ndim >= 2``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.optim import Optimizer
+
+from horst._fast_path import mirror_step_foreach_, use_fast_path
+from horst.functional import Descend, Scalars
+
+ORDERS = ("ms", "sm")
+# what the flags of torch's optimizers mean here
+CONVENTION_DEFAULTS = dict(maximize=False, foreach=None, fused=None, capturable=False, differentiable=False)
+
+
+class MirrorOptimizer(Optimizer):
+    """A steepest-descent step composed with the hyperbolic mirror step (see the module docstring).
+
+    Subclasses call ``super().__init__(params, defaults, **conventions)`` with their own
+    ``defaults`` (which must hold ``lr``, ``weight_decay``, ``alpha``, ``beta``) and implement
+    the ``_`` hooks below.
+    """
+
+    def __init__(self, params: Iterable[Any], defaults: dict[str, Any], **conventions: Any) -> None:
+        unknown = set(conventions) - set(CONVENTION_DEFAULTS)
+        if unknown:
+            raise TypeError(f"{type(self).__name__} got unexpected keyword arguments {sorted(unknown)}")
+        defaults = {**defaults, **CONVENTION_DEFAULTS, **conventions, "hyperbolic": None}
+        self._check_group(defaults)
+        super().__init__(params, defaults)
+
+    # ------------------------------------------------------------------ hooks of a base optimizer
+
+    def _state_names(self, group: dict[str, Any]) -> tuple[str, ...]:
+        """The tensor state of one parameter, in the order ``_descend``'s function takes it."""
+        raise NotImplementedError
+
+    def _init_state(self, param: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+        """Fills in missing state (lazily, at a parameter's first step)."""
+        raise NotImplementedError
+
+    def _advance(self, state: dict[str, Any], group: dict[str, Any]) -> Any:
+        """Counts the step in ``state``; returns what, besides the group, sets the step's scalars
+        (AdamW: the step number); parameters with equal keys are updated together."""
+        return None
+
+    def _scalars(self, group: dict[str, Any], lr: float, key: Any, mirror: tuple[float, ...]) -> Scalars:
+        """The step's scalars; ``mirror`` is ``(alpha_u, alpha_g, lr_beta, clip)``."""
+        raise NotImplementedError
+
+    def _descend(self, group: dict[str, Any]) -> tuple[Descend, int]:
+        """The base's ``descend`` function (``horst.functional``) and its base in the C kernel."""
+        raise NotImplementedError
+
+    def _mirror(self, group: dict[str, Any], lr: float) -> tuple[float, float, float, float]:
+        """``(alpha_u, alpha_g, lr_beta, clip)`` of a hyperbolic tensor (``horst.mirror``): HORST's
+        pull by the update, no clamp."""
+        return (group["alpha"], 0.0, lr * group["beta"], math.inf)
+
+    def _guard(self, group: dict[str, Any]) -> bool:
+        """Whether hyperbolic tensors keep their old value where the step is not finite (HAM)."""
+        return False
+
+    def _after_step(self, group: dict[str, Any], hyperbolic_params: list[Tensor]) -> None:
+        """Runs after a group's step (HAM's norm cap)."""
+
+    def _check_base(self, group: dict[str, Any]) -> None:
+        """The base's own hyperparameters (betas, momentum, ...): ``ValueError`` naming the argument."""
+
+    # ------------------------------------------------------------------ checks
+
+    def _check_group(self, group: dict[str, Any]) -> None:
+        lr = group["lr"]
+        if isinstance(lr, Tensor):
+            if lr.numel() != 1:
+                raise ValueError(f"lr as a tensor must hold one value, got shape {tuple(lr.shape)}")
+            lr = float(lr)
+        check_non_negative(lr=lr, weight_decay=group["weight_decay"], alpha=group["alpha"], beta=group["beta"])
+        if "order" in group and group["order"] not in ORDERS:
+            raise ValueError(
+                f"order must be 'ms' (mirror after steepest descent, the paper's HORST) or "
+                f"'sm' (S∘M, the paper's ablation), got {group['order']!r}"
+            )
+        if group.get("hyperbolic") not in (None, True, False):
+            raise ValueError(f"hyperbolic must be True, False or None, got {group['hyperbolic']!r}")
+        if group.get("foreach"):
+            raise ValueError(
+                f"{type(self).__name__} has no foreach implementation: use fused=True (the fast path, one "
+                "pass per tensor; the default) or fused=False (the plain path), and foreach=None"
+            )
+        if group.get("fused") not in (None, True, False):
+            raise ValueError(f"fused must be True, False or None, got {group['fused']!r}")
+        if group.get("capturable"):
+            raise ValueError(
+                f"{type(self).__name__} does not support capturable=True (CUDA graph capture): its step reads "
+                "lr and the step count on the host; use capturable=False, or torch.optim.AdamW(capturable=True)"
+            )
+        if group.get("differentiable"):
+            raise ValueError(
+                f"{type(self).__name__} does not support differentiable=True: its step runs under no_grad and "
+                "updates in place; use differentiable=False, or torch.optim.AdamW(differentiable=True)"
+            )
+        if group.get("amsgrad"):  # a key AdamW state dicts carry
+            raise ValueError(f"{type(self).__name__} does not support amsgrad=True")
+        if not isinstance(group.get("maximize", False), bool):
+            raise ValueError(f"maximize must be a bool, got {group['maximize']!r}")
+        self._check_base(group)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        if hasattr(self, "defaults"):  # groups are checked before they are added
+            self._check_group({**self.defaults, **{k: v for k, v in param_group.items() if k != "params"}})
+        super().add_param_group(param_group)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Fills in group keys a state dict lacks (an AdamW checkpoint has no ``alpha``, older ones
+        no ``maximize``) from the defaults, as torch's optimizers do, and converts a number
+        ``step`` to the float32 tensor torch's AdamW keeps."""
+        super().__setstate__(state)
+        for group in self.param_groups:
+            for key, value in self.defaults.items():
+                group.setdefault(key, value)
+        for param_state in self.state.values():
+            step = param_state.get("step")
+            if step is not None and not torch.is_tensor(step):
+                param_state["step"] = torch.tensor(float(step), dtype=torch.float32)
+
+    # ------------------------------------------------------------------ the step
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        work = []
+        for group in self.param_groups:  # every check before any tensor changes
+            self._check_group(group)
+            params = [p for p in group["params"] if p.grad is not None]
+            for param in params:
+                if param.grad.is_sparse:
+                    raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
+                if param.grad.shape != param.shape:
+                    raise RuntimeError(
+                        f"{type(self).__name__}: gradient of shape {tuple(param.grad.shape)} for a parameter "
+                        f"of shape {tuple(param.shape)}"
+                    )
+            work.append((group, params))
+        for group, params in work:
+            if params:
+                self._step_group(group, params)
+        return loss
+
+    def _step_group(self, group: dict[str, Any], params: list[Tensor]) -> None:
+        lr = float(group["lr"])
+        descend, kernel_base = self._descend(group)
+        names = self._state_names(group)
+        batches: dict[tuple[Any, bool], list[tuple[Tensor, ...]]] = defaultdict(list)
+        hyperbolic_params = []
+        for param in params:
+            state = self.state[param]
+            self._init_state(param, state, group)
+            key = self._advance(state, group)
+            hyperbolic = param.ndim >= 2 if group["hyperbolic"] is None else group["hyperbolic"]
+            if hyperbolic:
+                hyperbolic_params.append(param)
+            tensors = (param, param.grad, *(state[name] for name in names))
+            if param.is_complex():  # real and imaginary parts as independent reals, as torch's Adam
+                tensors = tuple(torch.view_as_real(t) for t in tensors)
+            batches[(key, hyperbolic)].append(tensors)
+        for (key, hyperbolic), tensors in batches.items():
+            mirror = self._mirror(group, lr) if hyperbolic else (0.0, 0.0, 0.0, math.inf)
+            mirror_step_foreach_(
+                descend, kernel_base, tensors, self._scalars(group, lr, key, mirror),
+                order=group.get("order", "ms"), guard=hyperbolic and self._guard(group),
+                fast=use_fast_path(group["fused"]),
+            )  # fmt: skip
+        self._after_step(group, hyperbolic_params)
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_non_negative(**values: Any) -> None:
+    """``ValueError`` naming the argument unless each value is a finite number >= 0."""
+    for name, value in values.items():
+        if not is_number(value):
+            raise ValueError(f"{name} must be a number, got {value!r}")
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+
+
+def check_betas(betas: Any, *, name: str = "betas") -> None:
+    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+        raise ValueError(f"{name} must be a pair (beta1, beta2), got {betas!r}")
+    for index, value in enumerate(betas):
+        if not is_number(value) or not 0.0 <= value < 1.0:
+            raise ValueError(f"{name}[{index}] must be in [0, 1), got {value!r}")
