@@ -6,7 +6,8 @@
 Every folder below the given ones that holds a `summary.json` (written by `train_gpt2.py`
 or `train_vit.py` at the end of a run) is a finished run; one that holds a `failed.json`
 (non-finite loss, bad config, a crashed sweep cell) is a failed run; one that holds only a
-`config.yaml` (written at start-up) is unfinished. Nothing is dropped silently: every folder
+`config.yaml` (written at start-up) is unfinished. Hidden folders (Hydra's `.hydra/`,
+submitit's `.submitit/`) are not searched. Nothing is dropped silently: every folder
 found is in a table, or listed under "Failed runs" or "Skipped" with the reason.
 
 **Experiment signature.** Runs are grouped by their full resolved config (`config.yaml`;
@@ -215,7 +216,8 @@ def scan(dirs: Sequence[str | Path]) -> Found:
         for name in (SUMMARY, FAILED, CONFIG):
             for path in Path(d).rglob(name):
                 folder = path.parent.resolve()
-                if folder not in seen and ".submitit" not in path.parts:
+                hidden = any(part.startswith(".") for part in path.relative_to(d).parts[:-1])  # .hydra/, .submitit/
+                if folder not in seen and not hidden:
                     seen.add(folder)
                     folders.append(path.parent)
     found = Found()
@@ -284,10 +286,10 @@ def optimizer_label(opt: dict[str, Any]) -> str:
 
 
 def model_label(summary: dict[str, Any]) -> str:
-    """The model preset from summary.json; from a config (failed runs) its timm name or size."""
+    """The model preset (summary.json's `preset`, a config's `name`), else its timm name or size."""
     model = summary["model"]
-    if model.get("preset"):
-        return model["preset"]
+    if model.get("preset") or model.get("name"):
+        return model.get("preset") or model["name"]
     if summary["pipeline"] == "vit" or "timm_name" in model:
         return model["timm_name"]
     return f"gpt2 {model['n_layer']}x{model['n_embd']}"
@@ -461,12 +463,19 @@ def add_paper(cells: pd.DataFrame, paper: dict[tuple[str, str, float], float]) -
     return cells
 
 
+def _natural(text: str) -> tuple:
+    """`train.epochs=6` before `train.epochs=40`."""
+    return tuple((0, float(part), "") if re.fullmatch(r"\d+(\.\d+)?", part) else (1, 0.0, part)
+                 for part in re.split(r"(\d+(?:\.\d+)?)", text))  # fmt: skip
+
+
 def _order(cells: pd.DataFrame) -> pd.DataFrame:
     rank = cells["optimizer_name"].map(lambda n: OPTIMIZER_ORDER.index(n) if n in OPTIMIZER_ORDER else len(OPTIMIZER_ORDER))
+    settings = {s: i for i, s in enumerate(sorted(set(cells["setting"]), key=_natural))}
     return (
-        cells.assign(_rank=rank)
-        .sort_values(["data", "model", "setting", "_rank", "optimizer", "sparsity"], kind="stable")
-        .drop(columns="_rank")
+        cells.assign(_rank=rank, _setting=cells["setting"].map(settings))
+        .sort_values(["data", "model", "_setting", "_rank", "optimizer", "sparsity"], kind="stable")
+        .drop(columns=["_rank", "_setting"])
         .reset_index(drop=True)
     )
 

@@ -339,7 +339,7 @@ def test_runs_of_different_experiments_are_neither_averaged_nor_compared(tmp_pat
     assert len(claims) == 1 and "[train.epochs=6]" in claims[0] and "+1.78" in claims[0]  # 77.56 - 75.78, not 98 - 75.78
     assert "vit_acdc digits/vit_digits [train.epochs=40]: HORST has no AdamW or HAM run of the same experiment" in text
     rows = read_csv(tmp_path / "out" / "vit_acdc.csv")
-    assert sorted(r["setting"] for r in rows) == ["train.epochs=40", "train.epochs=6", "train.epochs=6"]
+    assert [r["setting"] for r in rows] == ["train.epochs=6", "train.epochs=6", "train.epochs=40"]  # 6 before 40
 
 
 def test_seeds_average_across_excluded_keys_only(tmp_path: Path):
@@ -363,6 +363,7 @@ def test_failed_and_unfinished_runs_are_listed_not_dropped(tmp_path: Path):
     write_failed_run(root / "1_horst", config=vit_config(opt=optimizer("horst", alpha=100.0), seed=3), pipeline="vit",
                      reason="non-finite loss (nan) at step 120: lower optimizer.alpha")  # fmt: skip
     write_config(root / "2_ham", vit_config(opt=optimizer("ham")))  # started, never finished
+    write_config(root / "0_adamw" / ".hydra", vit_config(opt=optimizer("adamw")))  # Hydra's copy: not a run
     (root / "3_broken").mkdir()
     (root / "3_broken" / "summary.json").write_text("{not json")
     text = make_tables.make_tables([root], tmp_path / "out")
