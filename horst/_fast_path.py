@@ -54,9 +54,19 @@ def _mirror_step_packed_(
     mirror_step_(descend, param, grad, state, Scalars(*packed.unbind()), order, guard)
 
 
+# one graph per base, order, guard and dtype: more than dynamo's default limit of 8 per function
+RECOMPILE_LIMIT = 64
+
+
 @functools.cache
 def _compiled_kernel():
-    return torch.compile(_mirror_step_packed_, dynamic=True, fullgraph=True)
+    compiled = torch.compile(_mirror_step_packed_, dynamic=True, fullgraph=True)
+
+    def call(*args):
+        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+            return compiled(*args)
+
+    return call
 
 
 def dense_layout(tensors: Sequence[Tensor]) -> bool:

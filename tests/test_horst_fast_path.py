@@ -1,6 +1,7 @@
-"""The fast paths against the plain path and the float32 reference: the C kernel (contiguous
+"""The fast paths against the plain path and the float32 reference: the C kernel (dense
 float32 on CPU) and the torch.compile kernel (everything else; CUDA's path, checked here on
-CPU).
+CPU, since no GPU is available), for every base (AdamW, Lion, SGD); the scalar ordering the
+two share; the trust rules of the kernel's build cache, on real files and permissions.
 
 Compiling costs seconds per graph (one per order and dtype), so everything that needs the
 compiled path is checked in this one module.
@@ -8,14 +9,20 @@ compiled path is checked in this one module.
 
 from __future__ import annotations
 
+import ctypes
+import hashlib
+import os
 import re
+import stat
+from pathlib import Path
 
 import pytest
 import torch
 
 import horst
 from horst import _cpu_kernel, _fast_path
-from horst.mirror import EXP_POLY
+from horst.functional import SCALARS, scalars
+from horst.mirror import EXP_ARG_MAX, EXP_ARG_MIN, EXP_POLY
 from horst_reference import HYPER, LRS, assert_close, reference_ham_step, reference_horst_step, run, run_reference
 
 pytestmark = pytest.mark.filterwarnings("error::RuntimeWarning")  # a silent fallback would pass
@@ -131,18 +138,137 @@ def test_cpu_kernel_on_large_tensors_over_threads(optimizer):
     assert torch.equal(fast[1], fast[2])  # the C kernel, whatever the memory order
 
 
-def test_cpu_kernel_polynomial_is_mirrors():
+def test_cpu_kernel_polynomial_and_range_are_mirrors():
     source = _cpu_kernel.SOURCE.read_text()
     defined = [float(value) for value in re.findall(r"#define EXP_C[2-5] ([0-9.e-]+)f", source)]
     assert defined == list(EXP_POLY)
+    assert float(re.search(r"#define EXP_ARG_MIN (\S+)f", source).group(1)) == EXP_ARG_MIN
+    assert float(re.search(r"#define EXP_ARG_MAX (\S+)f", source).group(1)) == EXP_ARG_MAX
 
 
-def test_cpu_kernel_build_is_cached(tmp_path, monkeypatch):
-    monkeypatch.setenv("HORST_CACHE_DIR", str(tmp_path))
+def _c_enum(source: str, first: str) -> list[str]:
+    body = re.search(r"enum \{\s*(" + first + r"\b[^}]*)\}", source).group(1)
+    return [name.strip() for name in body.split(",") if name.strip()]
+
+
+def test_scalar_ordering_is_defined_once():
+    """The compiled path unpacks ``SCALARS`` by position and the C kernel indexes the same
+    array by its enum: the two orderings must be the same list of names."""
+    source = _cpu_kernel.SOURCE.read_text()
+    assert _c_enum(source, "GRAD_SCALE") == [name.upper() for name in SCALARS] + ["N_SCALARS"]
+    bases = ["ADAMW", "LION", "SGD", "SGD_MOMENTUM", "SGD_NESTEROV"]
+    assert _c_enum(source, "ADAMW") == bases + ["N_BASES"]
+    assert [getattr(_cpu_kernel, f"BASE_{name}") for name in bases] == list(range(len(bases)))
+    modes = ["NO_MIRROR", "MS_UPDATE", "SM", "MS_GRADIENT", "MS_GRADIENT_GUARDED"]
+    assert _c_enum(source, "NO_MIRROR") == modes + ["N_MODES"]
+    assert [getattr(_cpu_kernel, f"MODE_{name}") for name in modes] == list(range(len(modes)))
+
+
+def test_cpu_kernel_refuses_an_unknown_base():
+    t = torch.zeros(4)
+    with pytest.raises(ValueError, match="unknown base"):
+        _cpu_kernel.mirror_step_f32_([(t, t, t, t)], tuple(scalars()), base=99, mode=0)
+
+
+@pytest.mark.parametrize("cls, kwargs", [
+    (horst.HORSTLion, dict(lr=1e-3, weight_decay=0.1, alpha=20.0, beta=0.5)),
+    (horst.HORSTLion, dict(lr=1e-3, weight_decay=0.1, alpha=20.0, beta=0.5, order="sm", maximize=True)),
+    (horst.HORSTSGD, dict(lr=1e-2, momentum=0.9, dampening=0.1, weight_decay=0.1, alpha=5.0, beta=0.5)),
+    (horst.HORSTSGD, dict(lr=1e-2, momentum=0.9, nesterov=True, alpha=5.0, beta=0.5, order="sm")),
+    (horst.HORSTSGD, dict(lr=1e-2, alpha=5.0, beta=0.5)),
+], ids=["lion", "lion-sm-maximize", "sgd-momentum", "sgd-nesterov-sm", "sgd"])  # fmt: skip
+def test_lion_and_sgd_fast_path_match_plain_path(cls, kwargs, fast_path):
+    fast, _ = run(lambda ps: cls(ps, fused=True, **kwargs), steps=20)
+    plain, _ = run(lambda ps: cls(ps, fused=False, **kwargs), steps=20)
+    assert_close(fast, plain)
+
+
+def test_ham_nan_guard_on_the_fast_path(fast_path):
+    results = {}
+    for fused in (True, False):
+        param = torch.nn.Parameter(torch.ones(3, 4))
+        optimizer = horst.HAM([param], lr=1e-3, fused=fused)
+        param.grad = torch.full((3, 4), 0.5)
+        param.grad[1, 2] = float("nan")
+        optimizer.step()
+        results[fused] = param.detach().clone()
+    assert results[True][1, 2] == 1.0 and torch.isfinite(results[True]).all()
+    assert_close([results[True]], [results[False]])
+
+
+# ------------------------------------------------------------------------------ the kernel's cache
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("HORST_CACHE_DIR", str(folder))
+    return folder
+
+
+def test_cpu_kernel_build_is_cached(cache):
     first = _cpu_kernel.build()
+    assert first.parent == cache
     built = first.stat().st_mtime_ns
     assert _cpu_kernel.build() == first and first.stat().st_mtime_ns == built
-    assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temporary left behind
+    # the library and its content hash, no temporary left behind
+    assert sorted(p.name for p in cache.iterdir()) == [first.name, first.name + ".sha256"]
+    assert _cpu_kernel.hash_record(first).read_text().strip() == hashlib.sha256(first.read_bytes()).hexdigest()
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o700
+
+
+def _rebuilt_privately(cache: Path, reason: str) -> Path:
+    with pytest.warns(_cpu_kernel.KernelCacheWarning, match=reason) as caught:
+        library = _cpu_kernel.build()
+    assert len(caught) == 1 and "\n" not in str(caught[0].message)  # one line
+    assert library.parent != cache and cache not in library.parents
+    private = library.parent
+    assert private.stat().st_uid == os.geteuid() and stat.S_IMODE(private.stat().st_mode) == 0o700
+    assert _cpu_kernel.cached_build_problem(library) is None  # the private build is sound
+    ctypes.CDLL(str(library)).horst_mirror_step_f32  # noqa: B018 - and loads
+    return library
+
+
+def test_cpu_kernel_cache_writable_by_others_is_not_used(cache):
+    cached = _cpu_kernel.build()
+    cache.chmod(0o777)
+    _rebuilt_privately(cache, "writable by group or others")
+    assert cached.exists()
+
+
+def test_cpu_kernel_cache_owned_by_another_user_is_not_used(cache):
+    if os.geteuid() != 0:
+        pytest.skip("giving a folder to another user needs root")
+    _cpu_kernel.build()
+    os.chown(cache, 12345, -1)
+    _rebuilt_privately(cache, "owned by uid 12345")
+
+
+def test_cpu_kernel_library_owned_by_another_user_is_not_loaded(cache):
+    if os.geteuid() != 0:
+        pytest.skip("giving a file to another user needs root")
+    cached = _cpu_kernel.build()
+    os.chown(cached, 12345, -1)
+    _rebuilt_privately(cache, "owned by uid 12345")
+
+
+def test_cpu_kernel_library_writable_by_group_is_not_loaded(cache):
+    cached = _cpu_kernel.build()
+    cached.chmod(0o775)
+    _rebuilt_privately(cache, "writable by group or others")
+
+
+def test_cpu_kernel_library_with_another_content_is_not_loaded(cache):
+    cached = _cpu_kernel.build()
+    with cached.open("ab") as library:  # a library swapped or changed after it was built
+        library.write(b"\0")
+    assert _rebuilt_privately(cache, "does not match the content hash") != cached
+
+
+def test_cpu_kernel_library_without_hash_record_is_not_loaded(cache):
+    cached = _cpu_kernel.build()
+    _cpu_kernel.hash_record(cached).unlink()
+    _rebuilt_privately(cache, "no recorded content hash")
 
 
 def test_cpu_kernel_build_failure_falls_back_loudly(tmp_path, monkeypatch):

@@ -1,4 +1,5 @@
-"""HORST, HAM, HORSTSGD and HORSTLion against plain references written here (DESIGN §2)."""
+"""HORST, HAM, HORSTSGD and HORSTLion against plain references written here and against the
+optimizers they extend (docs/design.md §2)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 
 import horst
 from horst.mirror import exp_float32
+from timm.optim import Lion
 
 from horst_reference import (
     HYPER, LRS, assert_close, gradients, make_params, max_abs_diff, reference_ham_step,
@@ -239,3 +241,127 @@ def test_sgd_mirror_matches_reference():
             a, b = (alpha, beta) if theta.ndim >= 2 else (0.0, 0.0)
             thetas[i] = half * torch.exp(-a * torch.sign(half) * lr * g - lr * b)
     assert_close(actual, thetas)
+
+
+# ------------------------------------------------------------------------------ S∘M (order "sm")
+
+
+def reference_sm_float64(steps, *, lr, betas, eps, wd, alpha, beta):
+    """docs/design.md §2.1 in float64: g_m = (1 + alpha |theta|) g (theta before the step),
+    theta_new = theta (1 - lr wd) exp(-lr beta) - Adam(g_m, lr); hyperbolic tensors only."""
+    thetas = [p.detach().double() for p in make_params()]
+    ms = [torch.zeros_like(t) for t in thetas]
+    vs = [torch.zeros_like(t) for t in thetas]
+    b1, b2 = betas
+    for step in range(1, steps + 1):
+        for i, (theta, g) in enumerate(zip(thetas, gradients(thetas, step))):
+            a, b = (alpha, beta) if theta.ndim >= 2 else (0.0, 0.0)
+            g_m = (1 + a * theta.abs()) * g
+            ms[i] = b1 * ms[i] + (1 - b1) * g_m
+            vs[i] = b2 * vs[i] + (1 - b2) * g_m * g_m
+            u = lr * (ms[i] / (1 - b1**step)) / ((vs[i] / (1 - b2**step)).sqrt() + eps)
+            thetas[i] = theta * (1 - lr * wd) * math.exp(-lr * b) - u
+    return thetas
+
+
+@pytest.mark.parametrize("dtype, fused", [(torch.float64, False), (torch.float32, False), (torch.float32, True)],
+                         ids=["float64-plain", "float32-plain", "float32-C-kernel"])  # fmt: skip
+def test_order_sm_matches_float64_reference_over_30_steps(dtype, fused):
+    hyper = dict(lr=1e-2, betas=(0.9, 0.99), eps=1e-8, wd=0.1, alpha=20.0, beta=0.5)
+    actual, _ = run(
+        lambda ps: horst.HORST(ps, lr=hyper["lr"], betas=hyper["betas"], eps=hyper["eps"], weight_decay=hyper["wd"],
+                               alpha=hyper["alpha"], beta=hyper["beta"], order="sm", fused=fused),
+        steps=30, dtype=dtype,
+    )  # fmt: skip
+    expected = reference_sm_float64(30, **hyper)
+    for a, e in zip(actual, expected):
+        torch.testing.assert_close(a.double(), e, rtol=1e-4, atol=1e-4 * e.abs().max().item())
+    # and S∘M is not the parameter-space reorder: "ms" lands elsewhere
+    ms, _ = run(lambda ps: horst.HORST(ps, lr=1e-2, betas=(0.9, 0.99), weight_decay=0.1, alpha=20.0, beta=0.5,
+                                       fused=False), steps=30, dtype=torch.float64)  # fmt: skip
+    assert max_abs_diff(actual, ms) > 1e-2
+
+
+# ------------------------------------------------------------------------------ torch conventions
+
+
+def test_maximize_is_adamw_and_sgd_maximize_bit_for_bit():
+    adamw, _ = run(lambda ps: torch.optim.AdamW(ps, lr=1e-2, maximize=True), steps=20)
+    ours, _ = run(lambda ps: horst.HORST(ps, lr=1e-2, maximize=True, alpha=0.0, beta=0.0, fused=False), steps=20)
+    assert all(torch.equal(a, b) for a, b in zip(adamw, ours))
+    kwargs = dict(lr=1e-2, momentum=0.9, dampening=0.2, weight_decay=0.1, maximize=True)
+    sgd, _ = run(lambda ps: torch.optim.SGD(ps, **kwargs), steps=20)
+    ours, _ = run(lambda ps: horst.HORSTSGD(ps, alpha=0.0, beta=0.0, **kwargs), steps=20)
+    assert all(torch.equal(a, b) for a, b in zip(sgd, ours))
+
+
+def test_complex_parameters_are_adamw_bit_for_bit():
+    """torch's AdamW steps a complex parameter as its ``view_as_real``; so does HORST."""
+    generator = torch.Generator().manual_seed(0)
+    initial = torch.randn(4, 3, dtype=torch.complex64, generator=generator)
+    grads = [torch.randn(4, 3, dtype=torch.complex64, generator=generator) for _ in range(10)]
+    results = []
+    for make in (lambda ps: torch.optim.AdamW(ps, lr=1e-2, foreach=False),
+                 lambda ps: horst.HORST(ps, lr=1e-2, alpha=0.0, beta=0.0, fused=False)):  # fmt: skip
+        param = torch.nn.Parameter(initial.clone())
+        optimizer = make([param])
+        for g in grads:
+            param.grad = g.clone()
+            optimizer.step()
+        results.append(param.detach())
+    assert torch.equal(results[0], results[1])
+
+
+@pytest.mark.parametrize("maximize", [False, True])
+def test_lion_with_zero_alpha_beta_is_timm_lion_bit_for_bit(maximize):
+    kwargs = dict(lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1, maximize=maximize)
+    expected, _ = run(lambda ps: Lion(ps, foreach=False, **kwargs), steps=50)
+    actual, _ = run(lambda ps: horst.HORSTLion(ps, alpha=0.0, beta=0.0, fused=False, **kwargs), steps=50)
+    assert all(torch.equal(a, e) for a, e in zip(actual, expected))
+
+
+# ------------------------------------------------------------------------------ HAM's guards
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_ham_nan_guard_keeps_the_old_weight(fused):
+    matrix = torch.nn.Parameter(torch.ones(3, 4))
+    vector = torch.nn.Parameter(torch.ones(4))
+    optimizer = horst.HAM([matrix, vector], lr=1e-3, fused=fused)
+    matrix.grad = torch.full((3, 4), 0.5)
+    matrix.grad[1, 2] = float("nan")
+    vector.grad = torch.full((4,), float("nan"))
+    optimizer.step()
+    assert matrix[1, 2].item() == 1.0  # the non-finite step is dropped ...
+    others = torch.ones(3, 4, dtype=torch.bool)
+    others[1, 2] = False
+    assert (matrix.detach()[others] < 1.0).all()  # ... the others step
+    assert torch.isnan(vector).all()  # the guard is part of the mirror step: 1-D tensors are plain AdamW
+    unguarded = torch.nn.Parameter(torch.ones(3, 4))
+    optimizer = horst.HAM([unguarded], lr=1e-3, nan_guard=False, fused=fused)
+    unguarded.grad = matrix.grad.clone()
+    optimizer.step()
+    assert torch.isnan(unguarded[1, 2])
+
+
+def test_ham_nan_guard_catches_overflow_of_the_mirror_step():
+    param = torch.nn.Parameter(torch.tensor([[3e38, 1.0]]))
+    optimizer = horst.HAM([param], lr=1.0, weight_decay=0.0, alpha=10.0, beta=0.0, fused=False)
+    param.grad = torch.tensor([[-1.0, -1.0]])  # pulls away from zero: factor exp(5)
+    optimizer.step()
+    assert param[0, 0].item() == pytest.approx(3e38) and param[0, 1].item() == pytest.approx(2 * math.exp(5))
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_ham_norm_cap_rescales_hyperbolic_tensors_only(fused):
+    make = lambda ps, cap: horst.HAM(ps, lr=1e-2, alpha=20.0, max_norm=cap, fused=fused)  # noqa: E731
+    capped, _ = run(lambda ps: make(ps, 2.0), steps=1)
+    free, _ = run(lambda ps: make(ps, None), steps=1)
+    assert all(f.norm() > 2.0 for f in free)  # so the cap acts on every tensor it applies to
+    for c, f in zip(capped, free):
+        if f.ndim >= 2:  # the step's result, rescaled to the cap
+            torch.testing.assert_close(c, f * (2.0 / f.norm()))
+        else:
+            assert torch.equal(c, f)
+    with pytest.raises(ValueError, match="max_norm"):
+        horst.HAM(make_params(), max_norm=-1.0)
