@@ -13,6 +13,7 @@
  *           -u = neg_step_size * (d, b, or d + momentum b for Nesterov)
  *   theta_half = anchor - u
  *   "ms": theta = theta_half * exp(clamp(sign(theta_half) * (alpha_u (-u) - alpha_g g) - lr_beta, low, high))
+ *         (Lion: -u is +-lr or 0, so the factor is one of three computed once per call)
  *   guard (HAM): theta = isfinite(theta) ? theta : old theta
  * sign(a) * x is x with a's sign bit xor-ed in: it differs from sign(a) * x only where a == 0,
  * and there the factor multiplies zero. low/high fold HAM's clip and exp_float's float32 range
@@ -81,6 +82,7 @@ typedef struct {
     float grad_scale, beta1, one_minus_beta1, beta2, one_minus_beta2, momentum, buffer_decay;
     float one_minus_dampening, coupled_decay, decay, neg_step_size, alpha_u, alpha_g, lr_beta;
     float scaled_step, scaled_eps, low, high, sm_decay;
+    float lion_up, lion_down, lion_still; /* Lion's three mirror factors, see update() */
 } Scalars;
 
 /* always inlined with constant base and mode, so that each loop is specialised */
@@ -114,7 +116,11 @@ static inline __attribute__((always_inline)) void update(
         }
         const float half = anchor + neg_update;
         float result = half;
-        if (mode == MS_UPDATE)
+        if (mode == MS_UPDATE && base == LION) {
+            /* Lion's -u is +-lr or 0, so the exponent takes three values: no exp per element */
+            const float pull = times_sign_of(s.alpha_u * neg_update, half);
+            result = half * (pull > 0.0f ? s.lion_up : pull < 0.0f ? s.lion_down : s.lion_still);
+        } else if (mode == MS_UPDATE)
             result = half * exp_float(clamp(times_sign_of(s.alpha_u * neg_update, half) - s.lr_beta, s.low, s.high));
         if (mode == MS_GRADIENT || mode == MS_GRADIENT_GUARDED)
             result = half * exp_float(clamp(times_sign_of(-s.alpha_g * g, half) - s.lr_beta, s.low, s.high));
@@ -140,12 +146,17 @@ int horst_mirror_step_f32(int64_t n_tensors, float *const *params, const float *
     if (base < 0 || base >= N_BASES || mode < 0 || mode >= N_MODES) return -1;
     const float *x = scalars;
     const float clip = x[CLIP];
-    const Scalars k = {
+    Scalars k = {
         x[GRAD_SCALE], x[BETA1], x[ONE_MINUS_BETA1], x[BETA2], x[ONE_MINUS_BETA2], x[MOMENTUM], x[BUFFER_DECAY],
         x[ONE_MINUS_DAMPENING], x[COUPLED_DECAY], x[DECAY], x[NEG_STEP_SIZE], x[ALPHA_U], x[ALPHA_G], x[LR_BETA],
         x[NEG_STEP_SIZE] * x[BIAS_CORRECTION2_SQRT], x[EPS] * x[BIAS_CORRECTION2_SQRT],
         -clip > EXP_ARG_MIN ? -clip : EXP_ARG_MIN, clip < EXP_ARG_MAX ? clip : EXP_ARG_MAX, x[DECAY] * expf(-x[LR_BETA]),
+        0.0f, 0.0f, 0.0f,
     };
+    const float lion_pull = fabsf(x[ALPHA_U] * x[NEG_STEP_SIZE]);
+    k.lion_up = exp_float(clamp(lion_pull - x[LR_BETA], k.low, k.high));
+    k.lion_down = exp_float(clamp(-lion_pull - x[LR_BETA], k.low, k.high));
+    k.lion_still = exp_float(clamp(-x[LR_BETA], k.low, k.high));
     const int64_t n_blocks = block_starts[n_tensors];
     #pragma omp parallel for schedule(static) num_threads(num_threads) if(n_blocks > 1 && num_threads > 1)
     for (int64_t b = 0; b < n_blocks; b++) {
