@@ -27,14 +27,22 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 import pruning
-from training.gpt2 import build_model
+from training.gpt2.model import build_model
 from training.optim import build_optimizer
 
-OPTIMIZERS = {
-    "adamw": {"name": "adamw"},
-    "ham": {"name": "ham", "alpha": 200.0, "beta": 1e-3, "hyperbolic_params": "all_2d"},
-    "horst": {"name": "horst", "alpha": 100.0, "beta": 1.0, "order": "ms", "hyperbolic_params": "all_2d"},
-}
+OPTIMIZERS = ("adamw", "ham", "horst")
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def optimizer_config(name: str):
+    """The GPT-2 pipeline's optimizer node, as `train_gpt2.py optimizer=<name>` composes it."""
+    from hydra import compose, initialize_config_dir
+
+    from training.gpt2.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        return compose("train_gpt2", overrides=[f"optimizer={name}"]).optimizer
 
 
 def main() -> None:
@@ -53,16 +61,15 @@ def main() -> None:
 
     torch.manual_seed(0)
     model_cfg = OmegaConf.create(
-        dict(n_layer=args.layers, n_head=max(1, args.width // 32), n_embd=args.width, n_positions=args.context,
+        dict(name="bench", n_layer=args.layers, n_head=max(1, args.width // 32), n_embd=args.width, n_positions=args.context,
              dropout=0.0, tie_word_embeddings=True)
     )  # fmt: skip
     reference = build_model(model_cfg)
     runs = {}
-    for name, extra in OPTIMIZERS.items():
+    for name in OPTIMIZERS:
         model = copy.deepcopy(reference)
         prunable = pruning.prunable_parameters(model, "gpt2")
-        cfg = OmegaConf.create({"betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1, **extra})
-        runs[name] = (model, build_optimizer(cfg, model, lr=1e-3, prunable_names=prunable.keys()))
+        runs[name] = (model, build_optimizer(optimizer_config(name), model, lr=1e-3, prunable_names=prunable.keys()))
     x = torch.randint(0, 50257, (args.batch, args.context + 1))
 
     def step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> float:

@@ -233,7 +233,7 @@ stay in the git-ignored `outputs/demo/`).
   one-shot layerwise magnitude pruning), plus the weight-magnitude distributions.
 * Small models on small data, not the paper's scale: {scale(summaries)}.
 * One seed per cell (seed {", ".join(seeds)}). On the digits, the seed-to-seed spread of
-  the final sparse accuracy is about 1-2.5 points (DESIGN §7, 4 seeds), so differences of
+  the final sparse accuracy is about 1-2.5 points (4 seeds in an early calibration on this machine), so differences of
   that size between optimizers here are not evidence either way; the GPT-2 perplexities
   come from one training run per optimizer and are not tested for significance either.
 * HORST's and HAM's alpha and beta are the pipelines' defaults (configs/optimizer/,

@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow.compute as pc
 from tqdm import tqdm
 
-from training.lm_data import EOT, META_FILE, SPLIT_FILES, encode_documents, gpt2_tokenizer, write_meta, write_tokens
+from training.gpt2.data import EOT, META_FILE, SPLIT_FILES, encode_documents, gpt2_tokenizer, write_meta, write_tokens
 
 HUB_ID = "DKYoon/SlimPajama-6B"
 

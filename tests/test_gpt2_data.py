@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from training.lm_data import (
+from training.gpt2.data import (
     EOT,
     DatasetNotPreparedError,
     RandomWindows,

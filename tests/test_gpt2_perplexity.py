@@ -9,8 +9,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from training.gpt2 import build_model, flops_per_token
-from training.perplexity import evaluate_lm, window_starts
+from training.gpt2.model import build_model, flops_per_token
+from training.gpt2.evaluate import evaluate_lm, window_starts
 
 
 @pytest.fixture(scope="module")

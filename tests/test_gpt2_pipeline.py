@@ -16,7 +16,10 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from training.guards import NON_FINITE_EXIT_CODE
+from training.checkpoint import CheckpointError
+from training.gpt2.data import DatasetNotPreparedError
+from training.gpt2.run import run
+from training.runner import NON_FINITE_EXIT_CODE
 
 ROOT = Path(__file__).resolve().parents[1]
 QUIET_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "disabled", "HORST_FUSED": "0"}
@@ -29,12 +32,12 @@ def _load_entry_point():
     return module
 
 
-train_gpt2 = _load_entry_point()
+train_gpt2 = _load_entry_point()  # the Hydra entry point (`main`)
 
 
 @pytest.fixture(scope="module")
 def pydoc_dir(tmp_path_factory) -> Path:
-    from training.lm_data import prepare_pydoc
+    from training.gpt2.data import prepare_pydoc
 
     folder = tmp_path_factory.mktemp("pydoc")
     prepare_pydoc(folder)
@@ -94,7 +97,7 @@ def final_params(run_dir: Path) -> dict[str, torch.Tensor]:
 
 def test_tiny_end_to_end(pydoc_dir, tmp_path):
     run_dir = tmp_path / "run"
-    summary = train_gpt2.run(compose_cfg(tiny_overrides(pydoc_dir)), run_dir=run_dir, model_preset="gpt2_nano")
+    summary = run(compose_cfg(tiny_overrides(pydoc_dir)), run_dir=run_dir)
 
     assert summary["optimizer"]["name"] == "horst" and summary["train"]["tokens_trained"] == 12 * 4 * 32
     results = {r["sparsity"]: r for r in summary["pruning"]["results"]}
@@ -128,7 +131,7 @@ def _subprocess_env() -> dict[str, str]:
 def test_kill_and_resume_matches_uninterrupted_run(pydoc_dir, tmp_path, capsys):
     overrides = tiny_overrides(pydoc_dir, "train.max_steps=20", "train.eval_interval=10")
     reference = tmp_path / "reference"
-    train_gpt2.run(compose_cfg(overrides), run_dir=reference, model_preset="gpt2_nano")
+    run(compose_cfg(overrides), run_dir=reference)
 
     run_dir = tmp_path / "interrupted"
     command = [sys.executable, str(ROOT / "train_gpt2.py"), *overrides, f"hydra.run.dir={run_dir}"]
@@ -142,7 +145,7 @@ def test_kill_and_resume_matches_uninterrupted_run(pydoc_dir, tmp_path, capsys):
     assert not (run_dir / "summary.json").exists(), "the run finished before it could be killed"
 
     # Resume in this process (same single-threaded kernels as the subprocess).
-    train_gpt2.run(compose_cfg(overrides), run_dir=run_dir, model_preset="gpt2_nano")
+    run(compose_cfg(overrides), run_dir=run_dir)
     assert "resumed from" in capsys.readouterr().out
 
     expected, actual = final_params(reference), final_params(run_dir)
@@ -156,7 +159,7 @@ def test_kill_and_resume_matches_uninterrupted_run(pydoc_dir, tmp_path, capsys):
 
 def test_ddp_two_processes_match_one_process(pydoc_dir, tmp_path):
     overrides = tiny_overrides(pydoc_dir, "train.micro_batch_size=2", "train.max_steps=6", "prune.sparsities=[0.0,0.5]")
-    single = train_gpt2.run(compose_cfg(overrides), run_dir=tmp_path / "single", model_preset="gpt2_nano")
+    single = run(compose_cfg(overrides), run_dir=tmp_path / "single")
 
     # Hydra's default time-stamped run folder: the processes must agree on one.
     command = [
@@ -201,18 +204,19 @@ def test_cli_config_error_is_one_line_and_nonzero(tmp_path, monkeypatch, capsys)
     monkeypatch.setattr(sys, "argv", ["train_gpt2.py", "train.lr=-1", f"hydra.run.dir={tmp_path}"])
     with pytest.raises(SystemExit) as exit_info:
         train_gpt2.main()
-    assert exit_info.value.code == "error: train.lr=-1.0 must be positive"
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "error: train.lr=-1.0 must be positive"
 
 
 def test_resume_refuses_a_checkpoint_of_another_optimizer(pydoc_dir, tmp_path):
     run_dir = tmp_path / "run"
-    train_gpt2.run(compose_cfg(tiny_overrides(pydoc_dir, "train.max_steps=4")), run_dir=run_dir, model_preset="gpt2_nano")
+    run(compose_cfg(tiny_overrides(pydoc_dir, "train.max_steps=4")), run_dir=run_dir)
     other = compose_cfg(tiny_overrides(pydoc_dir, "train.max_steps=8", "optimizer=adamw"))
-    with pytest.raises(train_gpt2.ConfigError, match="was trained with optimizer="):
-        train_gpt2.run(other, run_dir=run_dir, model_preset="gpt2_nano")
+    with pytest.raises(CheckpointError, match=r"other settings \(.*optimizer.name: horst -> adamw; .*train.max_steps: 4 -> 8\)"):
+        run(other, run_dir=run_dir)
 
 
 def test_missing_dataset_names_the_prepare_command(tmp_path):
     cfg = compose_cfg(["data.name=slimpajama", f"data.dir={tmp_path / 'nothing'}"])
-    with pytest.raises(train_gpt2.DatasetNotPreparedError, match="scripts/prepare_slimpajama.py --out"):
-        train_gpt2.run(cfg, run_dir=tmp_path / "run")
+    with pytest.raises(DatasetNotPreparedError, match="scripts/prepare_slimpajama.py --out"):
+        run(cfg, run_dir=tmp_path / "run")

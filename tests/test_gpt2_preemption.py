@@ -13,8 +13,9 @@ import torch
 
 from test_gpt2_pipeline import (  # noqa: F401 - fixtures are used by name
     ROOT, _subprocess_env, compose_cfg, final_params, pydoc_dir, quiet_single_threaded, read_records,
-    tiny_overrides, train_gpt2,
+    tiny_overrides,
 )  # fmt: skip
+from training.gpt2.run import run
 from training.preemption import PREEMPTED_EXIT_CODE
 
 
@@ -30,7 +31,7 @@ def test_sigusr2_checkpoints_exits_and_resumes_without_lost_or_repeated_steps(py
     overrides = tiny_overrides(pydoc_dir, "train.max_steps=16", "train.eval_interval=8",
                                "train.checkpoint_interval=0", "train.log_interval=1")  # fmt: skip
     reference = tmp_path / "reference"
-    train_gpt2.run(compose_cfg(overrides), run_dir=reference, model_preset="gpt2_nano")
+    run(compose_cfg(overrides), run_dir=reference)
 
     run_dir = tmp_path / "preempted"
     command = [sys.executable, str(ROOT / "train_gpt2.py"), *overrides, f"hydra.run.dir={run_dir}"]
@@ -46,7 +47,7 @@ def test_sigusr2_checkpoints_exits_and_resumes_without_lost_or_repeated_steps(py
     assert 3 <= stopped_at < 16 and not (run_dir / "summary.json").exists()
     assert logged_steps(run_dir) == list(range(1, stopped_at + 1))
 
-    train_gpt2.run(compose_cfg(overrides), run_dir=run_dir, model_preset="gpt2_nano")  # the requeued job
+    run(compose_cfg(overrides), run_dir=run_dir)  # the requeued job
     assert f"resumed from {checkpoint}" in capsys.readouterr().out
     assert logged_steps(run_dir) == list(range(1, 17))  # each step once
     without_markers = lambda d: [r for r in read_records(d) if r.get("event") != "checkpoint"]  # noqa: E731

@@ -1,113 +1,196 @@
-"""SLURM submission through hydra-submitit-launcher, without a cluster.
+"""Multiruns through hydra-submitit-launcher with submitit's own executors, as users launch them.
 
-A mocked ``submitit.AutoExecutor`` records what would be handed to sbatch: one job array
-per multirun, one task per GPU, the time limit and the pre-timeout signal.
+* `hydra/launcher=local`: submitit's local executor runs every cell as a subprocess.
+* `hydra/launcher=slurm`: submitit's SLURM executor writes its real sbatch script and submits
+  it to the fake SLURM of tests/fake_slurm.py (sbatch, srun, sacct, squeue, scontrol on
+  PATH), which runs the array tasks here. A preempted task checkpoints, is requeued through
+  submitit's own checkpoint mechanism (`scontrol requeue`) and ends with the weights of an
+  uninterrupted run.
+The entry points run as subprocesses, exactly as typed on a login node.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import json
+import os
+import re
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from hydra.core.utils import JobReturn, JobStatus
+import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+from test_gpt2_pipeline import QUIET_ENV, ROOT, compose_cfg, final_params, pydoc_dir, read_records  # noqa: F401
+from training.gpt2.run import run as gpt2_run
 
-
-def load_entry_point(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-class FakeExecutor:
-    """Stands in for submitit.AutoExecutor: records parameters, runs nothing."""
-
-    instances: list["FakeExecutor"] = []
-
-    def __init__(self, *, cluster, folder, **kwargs):
-        self.cluster, self.folder, self.init_kwargs = cluster, folder, kwargs
-        self.parameters: dict = {}
-        self.arrays: list[list] = []
-        FakeExecutor.instances.append(self)
-
-    def update_parameters(self, **kwargs):
-        self.parameters.update(kwargs)
-
-    def map_array(self, function, *argument_lists):
-        jobs = list(zip(*argument_lists))
-        self.arrays.append(jobs)
-        return [FakeJob(overrides) for overrides, *_ in jobs]
+TINY_GPT2 = [
+    "model=gpt2_nano", "device=cpu", "train.max_steps=6", "train.warmup_steps=1", "train.batch_size=2",
+    "train.micro_batch_size=2", "train.log_interval=1", "train.eval_interval=0", "train.checkpoint_interval=0",
+    "eval.max_windows=8", "prune.sparsities=[0.0,0.5]",
+]  # fmt: skip
+# dense 0, compressed 1, decompressed 2, compressed 3; one update per epoch is enough here.
+TINY_VIT = [
+    "model=vit_nano", "train.epochs=4", "train.warmup_epochs=1", "acdc.dense_warmup=1", "acdc.compressed=1",
+    "acdc.decompressed=1", "acdc.final_decompressed=1", "acdc.final_compressed=1", "train.batch_size=256",
+    "train.base_batch_size=256",
+]  # fmt: skip
 
 
-class FakeJob:
-    def __init__(self, overrides):
-        self.overrides = overrides
+def launch(script: str, *overrides: str, env: dict | None = None, timeout: float = 400) -> subprocess.CompletedProcess:
+    environment = {**os.environ, **QUIET_ENV, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})}
+    result = subprocess.run(
+        [sys.executable, str(ROOT / script), "-m", *overrides], cwd=ROOT, env=environment,
+        capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
 
-    def results(self):
-        return [JobReturn(overrides=self.overrides, status=JobStatus.COMPLETED)]
+
+def summaries(sweep_dir: Path) -> dict[str, dict]:
+    return {p.parent.name: json.loads(p.read_text()) for p in sorted(sweep_dir.glob("*/summary.json"))}
+
+
+@pytest.mark.parametrize("script", ["train_gpt2.py", "train_vit.py"])
+def test_local_launcher_runs_every_cell_through_submitit(script, pydoc_dir, tmp_path):
+    sweep = tmp_path / "sweep"
+    overrides = TINY_GPT2 + [f"data.dir={pydoc_dir}"] if script == "train_gpt2.py" else TINY_VIT
+    launch(script, "hydra/launcher=local", "optimizer=adamw,horst", *overrides, f"hydra.sweep.dir={sweep}")
+    cells = summaries(sweep)
+    assert [s["optimizer"]["name"] for s in cells.values()] == ["adamw", "horst"]
+    assert all(name.startswith(f"{i}_") for i, name in enumerate(cells))
+    logs = list((sweep / ".submitit").rglob("*_log.out"))  # submitit's local executor ran them
+    assert len(logs) == 2
 
 
 @pytest.fixture
-def fake_submitit(monkeypatch):
-    import submitit
-
-    FakeExecutor.instances.clear()
-    monkeypatch.setattr(submitit, "AutoExecutor", FakeExecutor)
-    return FakeExecutor
-
-
-@pytest.mark.parametrize("entry_point", ["train_gpt2", "train_vit"])
-def test_slurm_launcher_submits_one_array_with_one_task_per_gpu(entry_point, fake_submitit, tmp_path, monkeypatch):
-    app = load_entry_point(entry_point)
-    monkeypatch.setattr(sys, "argv", [
-        f"{entry_point}.py", "-m", "hydra/launcher=slurm", "optimizer=adamw,ham,horst",
-        "hydra.launcher.gpus_per_node=8", "hydra.launcher.partition=gpu", "hydra.launcher.account=proj",
-        f"hydra.sweep.dir={tmp_path}",
-    ])  # fmt: skip
-    app.main()
-
-    (executor,) = fake_submitit.instances
-    assert executor.cluster == "slurm"
-    assert executor.init_kwargs == {"slurm_max_num_timeout": 20}
-    assert len(executor.arrays) == 1 and len(executor.arrays[0]) == 3  # one array, three jobs
-    overrides = sorted(" ".join(job[0]) for job in executor.arrays[0])
-    assert [o.split("optimizer=")[1].split()[0] for o in overrides] == ["adamw", "ham", "horst"]
-    p = executor.parameters
-    assert p["gpus_per_node"] == 8 and p["tasks_per_node"] == 8  # one DDP process per GPU
-    assert p["nodes"] == 1 and p["cpus_per_task"] == 8 and p["mem_gb"] == 256
-    assert p["timeout_min"] == 2880
-    assert p["slurm_partition"] == "gpu" and p["slurm_account"] == "proj"
-    assert p["slurm_signal_delay_s"] == 300  # SIGUSR2 5 min before the limit: checkpoint + requeue
-    assert p["slurm_array_parallelism"] == 64
+def fake_slurm(tmp_path) -> tuple[Path, dict]:
+    """sbatch, srun, sacct, squeue and scontrol on PATH (tests/fake_slurm.py); their state folder."""
+    bin_dir, state = tmp_path / "bin", tmp_path / "slurm_state"
+    bin_dir.mkdir()
+    for command in ("sbatch", "srun", "sacct", "squeue", "scontrol"):
+        path = bin_dir / command
+        path.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{ROOT / "tests" / "fake_slurm.py"}" {command} "$@"\n')
+        path.chmod(0o755)
+    return state, {"PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_SLURM_STATE": str(state)}
 
 
-def test_slurm_1gpu_preset(fake_submitit, tmp_path, monkeypatch):
-    app = load_entry_point("train_gpt2")
-    monkeypatch.setattr(sys, "argv", [
-        "train_gpt2.py", "-m", "hydra/launcher=slurm_1gpu", "optimizer=horst", f"hydra.sweep.dir={tmp_path}",
-    ])  # fmt: skip
-    app.main()
-    p = fake_submitit.instances[0].parameters
-    assert p["gpus_per_node"] == 1 and p["tasks_per_node"] == 1 and p["mem_gb"] == 64
+def test_slurm_launcher_submits_the_preset_as_one_array_that_completes(fake_slurm, pydoc_dir, tmp_path):
+    state, env = fake_slurm
+    sweep = tmp_path / "sweep"
+    launch(
+        "train_gpt2.py", "hydra/launcher=slurm", "hydra.launcher.gpus_per_node=1", "hydra.launcher.partition=gpu",
+        "hydra.launcher.account=proj", "optimizer=adamw,horst", *TINY_GPT2, f"data.dir={pydoc_dir}",
+        f"hydra.sweep.dir={sweep}", env=env,
+    )  # fmt: skip
+    (script,) = state.glob("*.sbatch")  # one submission: the whole multirun is one job array
+    lines = set(script.read_text().splitlines())
+    for line in ("#SBATCH --array=0-1%2", "#SBATCH --gpus-per-node=1", "#SBATCH --ntasks-per-node=1",
+                 "#SBATCH --signal=USR2@300", "#SBATCH --time=2880", "#SBATCH --partition=gpu",
+                 "#SBATCH --account=proj", "#SBATCH --cpus-per-task=8", "#SBATCH --mem=256GB", "#SBATCH --nodes=1"):  # fmt: skip
+        assert line in lines, line
+    assert any(re.match(r"srun .*python.* -u -m submitit.core._submit", line) for line in lines)
+    assert [s["optimizer"]["name"] for s in summaries(sweep).values()] == ["adamw", "horst"]
+    assert len(list(state.glob("*.state"))) == 2  # two array tasks, each run once
+    assert not list(state.glob("*.restarts"))
 
 
-@pytest.mark.parametrize("entry_point, sweep, expected_jobs", [
-    ("train_vit", "deit_table", 27), ("train_gpt2", "gpt2_table", 3),
-    ("train_vit", "horst_alpha_beta", 16), ("train_gpt2", "ham_alpha_beta", 9), ("train_vit", "vit_sparsity", 15),
-])  # fmt: skip
-def test_sweep_presets_expand_to_one_array(entry_point, sweep, expected_jobs, fake_submitit, tmp_path, monkeypatch):
-    app = load_entry_point(entry_point)
-    monkeypatch.setattr(sys, "argv", [
-        f"{entry_point}.py", "-m", "hydra/launcher=slurm", f"+sweep={sweep}", f"hydra.sweep.dir={tmp_path}",
-    ])  # fmt: skip
-    app.main()
-    (executor,) = fake_submitit.instances
-    (jobs,) = executor.arrays
-    assert len(jobs) == expected_jobs
-    if sweep == "deit_table":
-        cells = {tuple(sorted(o for o in job[0] if o.startswith(("experiment=", "optimizer=")))) for job in jobs}
-        assert ("experiment=deit_base_acdc_s90", "optimizer=horst") in cells and len(cells) == 27
+def test_slurm_presets_ask_for_what_they_say(fake_slurm, tmp_path, monkeypatch):
+    """The sbatch scripts of the presets (`slurm`: 4 GPUs, one DDP task per GPU; `slurm_1gpu`)
+    as submitit writes them, from the composed launcher configs, without running them: the
+    launcher's own parameter mapping (hydra_submitit_launcher's `launch`) into submitit's
+    AutoExecutor."""
+    from hydra import compose, initialize_config_dir
+    from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
+    from omegaconf import OmegaConf
+    from submitit import AutoExecutor
+
+    import train_gpt2  # noqa: F401 - registers the structured configs
+
+    monkeypatch.setenv("PATH", fake_slurm[1]["PATH"])  # submitit's SLURM executor looks for srun
+    base = set(OmegaConf.structured(BaseQueueConf).keys())
+    expected = {"slurm": ("4", "4", "256GB", "2880"), "slurm_1gpu": ("1", "1", "64GB", "2880")}
+    for preset, (gpus, tasks, mem, minutes) in expected.items():
+        with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+            cfg = compose("train_gpt2", overrides=[f"hydra/launcher={preset}"], return_hydra_config=True)
+        params = OmegaConf.to_container(cfg.hydra.launcher, resolve=False)
+        params = {k: v for k, v in params.items() if k not in ("_target_", "submitit_folder")}
+        executor = AutoExecutor(cluster="slurm", folder=tmp_path / preset, slurm_max_num_timeout=params.pop("max_num_timeout"))
+        params["tasks_per_node"] = params["gpus_per_node"]  # the preset's ${.gpus_per_node}, resolved by the launcher
+        executor.update_parameters(**{k if k in base else f"slurm_{k}": v for k, v in params.items()})
+        text = executor._executor._make_submission_file_text("python -u -m submitit.core._submit", "uid")
+        for line in (f"--gpus-per-node={gpus}", f"--ntasks-per-node={tasks}", f"--mem={mem}", f"--time={minutes}",
+                     "--signal=USR2@300"):  # fmt: skip
+            assert f"#SBATCH {line}" in text, (preset, line)
+
+
+def logged_steps(run_dir: Path) -> list[int]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line)["step"] for line in path.read_text().splitlines() if '"train/loss"' in line]
+
+
+def test_slurm_preemption_requeues_through_submitit_and_ends_like_an_uninterrupted_run(
+    fake_slurm, pydoc_dir, tmp_path, monkeypatch
+):
+    state, env = fake_slurm
+    overrides = [*TINY_GPT2, "train.max_steps=16", f"data.dir={pydoc_dir}", "optimizer=horst"]
+    reference = tmp_path / "reference"
+    with monkeypatch.context() as patch:
+        for key, value in QUIET_ENV.items():
+            patch.setenv(key, value)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        gpt2_run(compose_cfg(overrides), run_dir=reference)
+        torch.set_num_threads(threads)
+
+    sweep = tmp_path / "sweep"
+    environment = {**os.environ, **QUIET_ENV, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **env}
+    launcher = subprocess.Popen(
+        [sys.executable, str(ROOT / "train_gpt2.py"), "-m", "hydra/launcher=slurm_1gpu", *overrides,
+         f"hydra.sweep.dir={sweep}"],
+        cwd=ROOT, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.time() + 300
+    run_dirs = []
+    while time.time() < deadline and launcher.poll() is None:
+        run_dirs = [p.parent for p in sweep.glob("*/metrics.jsonl")]
+        if run_dirs and len(logged_steps(run_dirs[0])) >= 3:
+            break
+        time.sleep(0.05)
+    (run_dir,) = run_dirs
+    (pid_file,) = state.glob("*.0.pid")
+    os.kill(int(pid_file.read_text()), signal.SIGUSR2)  # what SLURM sends `signal_delay_s` before the limit
+    _, stderr = launcher.communicate(timeout=300)
+    assert launcher.returncode == 0, stderr[-3000:]
+
+    (restarts,) = state.glob("*.restarts")
+    assert restarts.read_text() == "1"  # requeued once, by submitit's handler via scontrol
+    assert "resumed from" in "".join(p.read_text() for p in (sweep / ".submitit").rglob("*_log.out"))
+    assert logged_steps(run_dir) == list(range(1, 17))  # no step lost or repeated
+    without_markers = lambda d: [r for r in read_records(d) if r.get("event") != "checkpoint"]  # noqa: E731
+    assert without_markers(run_dir) == without_markers(reference)
+    expected, actual = final_params(reference), final_params(run_dir)
+    for name in expected:
+        assert torch.equal(expected[name], actual[name]), name
+
+
+def test_a_failed_cell_is_recorded_and_the_sweep_goes_on(pydoc_dir, tmp_path):
+    """Hydra's default launcher runs cells in one process: a bad cell must not end the sweep."""
+    sweep = tmp_path / "sweep"
+    environment = {**os.environ, **QUIET_ENV, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "train_gpt2.py"), "-m", "optimizer.alpha=-1,10", "optimizer=horst", *TINY_GPT2,
+         f"data.dir={pydoc_dir}", f"hydra.sweep.dir={sweep}"],
+        cwd=ROOT, env=environment, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "1 cell(s) of this multirun failed" in result.stderr
+    (failed,) = sweep.glob("*/failed.json")
+    record = json.loads(failed.read_text())
+    assert record["status"] == "failed" and record["exit_code"] == 2 and record["pipeline"] == "gpt2"
+    assert "alpha" in record["reason"] and record["config"]["optimizer"]["alpha"] == -1
+    assert [s["optimizer"]["alpha"] for s in summaries(sweep).values()] == [10]  # the next cell ran

@@ -1,12 +1,16 @@
-"""training.optim and training.schedule: param groups, optimizer choice, warm-up + cosine."""
+"""training.optim and training.schedule: param groups, every configs/optimizer/ file, warm-up + cosine."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import timm.optim
 import torch
 from omegaconf import OmegaConf
 
 import horst
+from training.config import ConfigError
 from training.optim import build_optimizer, param_groups
 from training.schedule import build_lr_scheduler
 
@@ -19,13 +23,16 @@ class Tiny(torch.nn.Module):
         self.norm = torch.nn.LayerNorm(4)
 
 
+CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "optimizer"
+CLASSES = {"adamw": torch.optim.AdamW, "ham": horst.HAM, "horst": horst.HORST, "horst_lion": horst.HORSTLion,
+           "horst_sgd": horst.HORSTSGD, "lion": timm.optim.Lion, "sgd": torch.optim.SGD}  # fmt: skip
+
+
 def _cfg(kind, **kw):
-    base = {"name": kind, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
-    if kind != "adamw":
-        base.update(alpha=10.0, beta=0.1, hyperbolic_params="all_2d")
-    if kind == "horst":
-        base["order"] = "ms"
-    return OmegaConf.create({**base, **kw})
+    """The real configs/optimizer/<kind>.yaml, with `kw` changed."""
+    node = OmegaConf.load(CONFIGS / f"{kind}.yaml")
+    node.merge_with(kw)
+    return node
 
 
 def _group_of(optimizer, param):
@@ -40,17 +47,23 @@ def test_weight_decay_only_on_matrices():
     assert all("hyperbolic" not in g for g in groups)
 
 
-@pytest.mark.parametrize("name,cls", [("adamw", torch.optim.AdamW), ("ham", horst.HAM), ("horst", horst.HORST)])
-def test_build_optimizer_types_and_hyperparameters(name, cls):
-    model = Tiny()
-    optimizer = build_optimizer(_cfg(name), model, lr=3e-4, prunable_names=["block.weight"])
-    assert type(optimizer) is cls
-    group = _group_of(optimizer, model.block.weight)
-    assert group["lr"] == 3e-4 and group["betas"] == (0.9, 0.95) and group["weight_decay"] == 0.1
-    if name == "adamw":
-        assert group["fused"] is True
-    else:
-        assert group["alpha"] == 10.0 and group["beta"] == 0.1
+def test_every_optimizer_config_is_one_file_that_builds_its_class():
+    assert sorted(p.stem for p in CONFIGS.glob("*.yaml")) == sorted(CLASSES)
+    for name, cls in CLASSES.items():
+        model = Tiny()
+        optimizer = build_optimizer(_cfg(name), model, lr=3e-4, prunable_names=["block.weight"])
+        assert type(optimizer) is cls, name
+        settings = OmegaConf.to_container(_cfg(name))
+        group = _group_of(optimizer, model.block.weight)
+        assert group["lr"] == 3e-4 and group["weight_decay"] == settings["weight_decay"], name
+        assert _group_of(optimizer, model.block.bias)["weight_decay"] == 0.0, name
+        for key, value in settings.items():
+            if not key.startswith("_") and key not in ("name", "hyperbolic_params", "weight_decay"):
+                assert group[key] == (tuple(value) if isinstance(group[key], tuple) else value), (name, key)
+        assert ("hyperbolic" in group) == ("hyperbolic_params" in settings), name
+        loss = model.block(model.embed(torch.tensor([1, 2]))).square().sum()
+        loss.backward()
+        optimizer.step()  # every class takes a step over the groups it was given
 
 
 def test_hyperbolic_params_all_2d_or_prunable():
@@ -61,14 +74,21 @@ def test_hyperbolic_params_all_2d_or_prunable():
     prunable = build_optimizer(_cfg("horst", hyperbolic_params="prunable"), model, lr=1e-3, prunable_names=["block.weight"])
     assert _group_of(prunable, model.embed.weight)["hyperbolic"] is False
     assert _group_of(prunable, model.block.weight)["hyperbolic"] is True
-    assert _group_of(prunable, model.embed.weight)["weight_decay"] == 0.1  # decay does not depend on it
+    assert _group_of(prunable, model.embed.weight)["weight_decay"] == 0.01  # decay does not depend on it
 
 
-def test_unknown_choices_are_value_errors():
-    with pytest.raises(ValueError, match="unknown optimizer 'sgd'"):
-        build_optimizer(_cfg("adamw", name="sgd"), Tiny(), lr=1e-3)
-    with pytest.raises(ValueError, match="hyperbolic_params 'some'"):
-        build_optimizer(_cfg("ham", hyperbolic_params="some"), Tiny(), lr=1e-3)
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"hyperbolic_params": "some"}, "optimizer.hyperbolic_params='some' is unknown; use all_2d or prunable"),
+        ({"_target_": "horst.NoSuchOptimizer"}, "optimizer._target_=horst.NoSuchOptimizer: Error locating target"),
+        ({"alhpa": 3.0}, r"optimizer=horst \(horst.HORST\): .*alhpa.*; fix the optimizer.\* setting"),
+        ({"alpha": -1.0}, r"optimizer=horst \(horst.HORST\): .*alpha"),
+    ],
+)
+def test_bad_settings_are_one_config_error(change, message):
+    with pytest.raises(ConfigError, match=message):
+        build_optimizer(_cfg("horst", **change), Tiny(), lr=1e-3)
 
 
 def test_warmup_then_cosine_to_min_lr():

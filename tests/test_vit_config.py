@@ -10,7 +10,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from training.config import ConfigError
-from training.vit import acdc_schedule, register_configs, scaled_lr, validate
+from training.vit.config import acdc_schedule, register_configs, scaled_lr, validate
 
 CONFIGS = str(Path(__file__).resolve().parents[1] / "configs")
 register_configs()
@@ -23,7 +23,7 @@ def _compose(*overrides):
 
 def test_embedded_default_composes_and_validates():
     cfg = _compose()
-    validate(cfg, model_choice="vit_digits", world_size=1)
+    validate(cfg, world_size=1)
     assert cfg.data.name == "digits" and cfg.model.img_size == 8 and cfg.model.patch_size == 4
     assert cfg.optimizer.name == "horst"  # alpha/beta: test_alpha_beta_defaults_are_the_sweep_picks
     assert cfg.acdc.sparsity == 0.9 and cfg.train.epochs == 40
@@ -41,12 +41,12 @@ CELLS = [(size, width, heads, sparsity) for size, width, heads in [("tiny", 192,
 def test_every_deit_table_cell_has_a_preset(cell, optimizer):
     size, width, heads, sparsity = cell
     cfg = _compose(f"experiment=deit_{size}_acdc_s{sparsity}", f"optimizer={optimizer}", "data.root=/data/imagenet")
-    validate(cfg, model_choice=f"deit_{size}", world_size=8)
+    validate(cfg, world_size=8)
     assert cfg.model.timm_name == f"deit_{size}_patch16_224"
     assert (cfg.model.embed_dim, cfg.model.num_heads, cfg.model.depth, cfg.model.drop_path) == (width, heads, 12, 0.1)
     assert cfg.acdc.sparsity == sparsity / 100 and cfg.acdc.scope == "global"
     assert cfg.optimizer.name == optimizer and cfg.optimizer.weight_decay == 0.05
-    # DESIGN §4: the DeiT recipe.
+    # docs/design.md §4: the DeiT recipe.
     t, a = cfg.train, cfg.aug
     assert (t.epochs, t.batch_size, t.warmup_epochs, t.warmup_lr, t.min_lr) == (300, 1024, 5, 1e-6, 1e-5)
     assert scaled_lr(t) == pytest.approx(5e-4 * 1024 / 512)
@@ -65,7 +65,7 @@ def test_every_deit_table_cell_has_a_preset(cell, optimizer):
     [
         ("acdc.sparsity=1.0", r"acdc.sparsity=1.0 must be in \[0, 1\)"),
         ("train.epochs=41", "acdc phases do not fit train.epochs=41: .*nearest totals that fit: 40 or 44"),
-        ("optimizer.name=sgd", "optimizer.name='sgd' is unknown; choose one of adamw, ham, horst"),
+        ("optimizer.alpha=-1", r"optimizer=horst \(horst.HORST\): .*alpha"),
         ("train.base_lr=-1", "train.base_lr=-1.0 must be positive"),
         ("model.arch=gpt2", "model=vit_digits is not a ViT preset"),
         ("model.patch_size=3", "model.img_size=8 must be a multiple of model.patch_size=3"),
@@ -81,12 +81,12 @@ def test_every_deit_table_cell_has_a_preset(cell, optimizer):
 def test_bad_values_are_one_clear_error(override, message):
     overrides = [override] + (["train.batch_size=63"] if override.startswith("aug.mixup") else [])
     with pytest.raises(ConfigError, match=message):
-        validate(_compose(*overrides), model_choice="vit_digits", world_size=1)
+        validate(_compose(*overrides), world_size=1)
 
 
 def test_batch_must_split_over_processes():
     with pytest.raises(ConfigError, match="train.batch_size=64 must be a multiple of the 3 processes"):
-        validate(_compose(), model_choice="vit_digits", world_size=3)
+        validate(_compose(), world_size=3)
 
 
 @pytest.mark.parametrize("override", ["acdc.sparsty=0.5", "train.epochs=many", "model=no_such_model", "vit_recipe=none"])

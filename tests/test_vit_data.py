@@ -7,7 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
-from training.vit_data import (
+from training.vit.data import (
     DataLayoutError,
     DigitsDataset,
     TrainLoader,
@@ -73,7 +73,7 @@ def test_malformed_root_is_one_line_error_naming_the_layout(imagenet_root, break
 
     with pytest.raises(DataLayoutError, match=message) as error:
         if breakage == "empty_class":
-            from training.vit_data import build_datasets
+            from training.vit.data import build_datasets
 
             build_datasets({"name": "imagefolder", "root": root}, train_transform=None, eval_transform=None)
         else:

@@ -16,7 +16,10 @@ from hydra import compose, initialize_config_dir
 from PIL import Image
 
 import pruning
-from training.guards import NON_FINITE_EXIT_CODE
+from training.runner import NON_FINITE_EXIT_CODE
+import training.vit.run as vit_run_module
+from training import runner
+from training.vit.run import run
 
 ROOT = Path(__file__).resolve().parents[1]
 QUIET_ENV = {"HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "HORST_FUSED": "0"}
@@ -99,7 +102,7 @@ def deit_run(imagenet_root, tmp_path_factory):
     every restore, the prunable weights at the end of every epoch."""
     run_dir = tmp_path_factory.mktemp("deit_run")
     watched = {"moments_after_restore": [], "zeros_per_epoch": [], "prune_calls": []}
-    original_reset, original_evaluate = pruning.reset_optimizer_moments, train_vit.evaluate
+    original_reset, original_evaluate = pruning.reset_optimizer_moments, vit_run_module.evaluate
     original_prune = pruning.Sparsifier.prune
 
     def prune_and_record(sparsifier, sparsity, **kwargs):
@@ -117,11 +120,11 @@ def deit_run(imagenet_root, tmp_path_factory):
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(pruning, "reset_optimizer_moments", reset_and_record)
-        patch.setattr(train_vit, "evaluate", evaluate_and_record)
+        patch.setattr(vit_run_module, "evaluate", evaluate_and_record)
         patch.setattr(pruning.Sparsifier, "prune", prune_and_record)
         # W&B offline here (disabled elsewhere): the weight histograms go to W&B as well.
         overrides = deit_overrides(imagenet_root, "logging.mode=offline")
-        summary = train_vit.run(_compose(overrides), run_dir=run_dir, model_preset="vit_nano")
+        summary = run(_compose(overrides), run_dir=run_dir)
     return summary, run_dir, watched
 
 
@@ -191,7 +194,7 @@ class Interrupted(Exception):
 def test_resume_mid_compressed_phase_matches_uninterrupted_run(deit_run, imagenet_root, tmp_path, monkeypatch):
     _, reference, _ = deit_run
     overrides = deit_overrides(imagenet_root, "train.keep_checkpoints=10")
-    save_checkpoint = train_vit.save_checkpoint
+    save_checkpoint = runner.save_checkpoint
 
     def save_then_die_after_epoch_1(state, path):
         save_checkpoint(state, path)
@@ -199,10 +202,10 @@ def test_resume_mid_compressed_phase_matches_uninterrupted_run(deit_run, imagene
             raise Interrupted
 
     run_dir = tmp_path / "interrupted"
-    monkeypatch.setattr(train_vit, "save_checkpoint", save_then_die_after_epoch_1)
+    monkeypatch.setattr(runner, "save_checkpoint", save_then_die_after_epoch_1)
     with pytest.raises(Interrupted):
-        train_vit.run(_compose(overrides), run_dir=run_dir, model_preset="vit_nano")
-    monkeypatch.setattr(train_vit, "save_checkpoint", save_checkpoint)
+        run(_compose(overrides), run_dir=run_dir)
+    monkeypatch.setattr(runner, "save_checkpoint", save_checkpoint)
     from training.checkpoint import load_checkpoint
 
     interrupted_at = load_checkpoint(run_dir / "ckpt_00000006.pt")
@@ -211,7 +214,7 @@ def test_resume_mid_compressed_phase_matches_uninterrupted_run(deit_run, imagene
     old_format = {k: v for k, v in interrupted_at.items() if k not in ("batch", "epoch_loss", "world_size")}
     torch.save(old_format, run_dir / "ckpt_00000006.pt")
 
-    summary = train_vit.run(_compose(overrides), run_dir=run_dir, model_preset="vit_nano")
+    summary = run(_compose(overrides), run_dir=run_dir)
 
     # The epoch-2 checkpoint of the resumed run kept the masks it was resumed with.
     resumed_epoch_2 = load_checkpoint(run_dir / "ckpt_00000009.pt")["masks"]["masks"]
@@ -246,7 +249,7 @@ def test_embedded_default_with_fewer_epochs(tmp_path, monkeypatch, capsys):
     assert f"top-1 {summary['top1']:.4f}" in printed and "measured sparsity 0.9000" in printed
 
 
-def test_cli_errors_are_one_line_and_nonzero(tmp_path, monkeypatch):
+def test_cli_errors_are_one_line_and_nonzero(tmp_path, monkeypatch, capsys):
     cases = [
         (["train.epochs=41"], "error: acdc phases do not fit train.epochs=41"),
         (["experiment=deit_tiny_acdc_s70"], "error: data.root is not set; pass data.root=/path/to/imagenet"),
@@ -256,7 +259,9 @@ def test_cli_errors_are_one_line_and_nonzero(tmp_path, monkeypatch):
         monkeypatch.setattr(sys, "argv", ["train_vit.py", *overrides, f"hydra.run.dir={tmp_path / 'run'}"])
         with pytest.raises(SystemExit) as exit_info:
             train_vit.main()
-        assert str(exit_info.value.code).startswith(message) and "\n" not in exit_info.value.code
+        assert exit_info.value.code == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert line.startswith(message)
 
 
 

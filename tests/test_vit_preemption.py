@@ -16,10 +16,11 @@ import torch
 
 import pruning
 from test_vit_pipeline import (  # noqa: F401 - fixtures are used by name
-    QUIET_ENV, ROOT, _compose, deit_overrides, imagenet_root, quiet_env, read_records, train_vit,
+    QUIET_ENV, ROOT, _compose, deit_overrides, imagenet_root, quiet_env, read_records,
 )  # fmt: skip
 from training.checkpoint import CheckpointError, load_checkpoint
 from training.preemption import PREEMPTED_EXIT_CODE
+from training.vit.run import run
 
 STEPS_PER_EPOCH, EPOCHS = 3, 6  # deit_overrides: 24 images, 8 per update, 6 epochs
 ACDC_ACTIONS = [("prune", 1), ("restore", 3), ("prune", 4)]  # (action, epoch) of deit_overrides' schedule
@@ -60,7 +61,7 @@ def test_sigusr2_mid_epoch_checkpoints_exits_and_resumes_at_the_next_batch(image
     # Every update logged; no periodic checkpoint before the end: the signal's is the only one.
     overrides = deit_overrides(imagenet_root, "train.log_interval=1", "train.checkpoint_interval=0")
     reference = tmp_path / "reference"
-    train_vit.run(_compose(overrides), run_dir=reference, model_preset="vit_nano")
+    run(_compose(overrides), run_dir=reference)
 
     run_dir = tmp_path / "preempted"
     command = [sys.executable, str(ROOT / "train_vit.py"), *overrides, f"hydra.run.dir={run_dir}"]
@@ -83,8 +84,8 @@ def test_sigusr2_mid_epoch_checkpoints_exits_and_resumes_at_the_next_batch(image
     assert logged_steps(run_dir) == list(range(1, step + 1))
 
     # The rest of the epoch would be other images: refused, before anything is written.
-    with pytest.raises(CheckpointError, match="was written with seed=0, this run has 1"):
-        train_vit.run(_compose([*overrides, "seed=1"]), run_dir=run_dir, model_preset="vit_nano")
+    with pytest.raises(CheckpointError, match=r"other settings \(seed: 0 -> 1\)"):
+        run(_compose([*overrides, "seed=1"]), run_dir=run_dir)
 
     # The requeued job, watched: AC/DC acts at the start of later epochs only (the checkpoint
     # holds the interrupted epoch's masks and moments).
@@ -92,7 +93,7 @@ def test_sigusr2_mid_epoch_checkpoints_exits_and_resumes_at_the_next_batch(image
     prune, reset = pruning.Sparsifier.prune, pruning.reset_optimizer_moments
     monkeypatch.setattr(pruning.Sparsifier, "prune", lambda *a, **k: actions.append("prune") or prune(*a, **k))
     monkeypatch.setattr(pruning, "reset_optimizer_moments", lambda *a, **k: actions.append("restore") or reset(*a, **k))
-    summary = train_vit.run(_compose(overrides), run_dir=run_dir, model_preset="vit_nano")
+    summary = run(_compose(overrides), run_dir=run_dir)
     assert f"resumed from {checkpoint} at epoch {epoch}, batch {batch}" in capsys.readouterr().out
     assert actions == [action for action, at in ACDC_ACTIONS if at > epoch]
 

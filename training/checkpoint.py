@@ -17,11 +17,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from training.config import RunError
+
 _NAME = "ckpt_{step:08d}.pt"
 _PATTERN = re.compile(r"ckpt_(\d+)\.pt$")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(RunError):
     """A checkpoint that cannot be read."""
 
 

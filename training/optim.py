@@ -1,21 +1,30 @@
-"""Build AdamW, HAM or HORST from an `optimizer` config node.
+"""Build the optimizer that an `optimizer` config node names, over a model's param groups.
 
-Parameter groups follow the usual transformer recipe: decoupled weight decay on tensors
-with >= 2 dimensions only (not on biases and norm gains). For HAM and HORST the config's
-`hyperbolic_params` chooses which tensors get the mirror step (DESIGN §2.1):
-`all_2d` (every tensor with >= 2 dims, HAM's rule; for GPT-2 this includes the tied token
-embedding) or `prunable` (only the tensors that will be pruned). It is passed to the
-optimizer through the `hyperbolic` param-group key.
+A node is a Hydra `_target_` with `_partial_: true` (lightning-hydra-template's way): every
+key but `name` and `hyperbolic_params` is a keyword argument of the class, so adding an
+optimizer to the pipelines is one file in `configs/optimizer/`. The class checks its own
+arguments; that is the one place optimizer settings are validated (a bad value or an
+unknown key becomes a one-line `ConfigError`).
+
+Param groups follow the usual transformer recipe: decoupled weight decay on tensors with
+>= 2 dimensions only (not on biases and norm gains). `hyperbolic_params` (mirror-step
+optimizers only) chooses which tensors take the mirror step (docs/design.md §2.1): `all_2d`
+(every tensor with >= 2 dims, HAM's rule; for GPT-2 this includes the tied token embedding)
+or `prunable` (only the tensors that will be pruned), passed as the `hyperbolic` group key.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Collection, Mapping
 
 import torch
+from omegaconf import OmegaConf
 
-OPTIMIZERS = ("adamw", "ham", "horst")
+from training.config import ConfigError
+
 HYPERBOLIC_PARAMS = ("all_2d", "prunable")
+_NOT_ARGUMENTS = ("name", "hyperbolic_params")  # the pipeline's keys, not the class's
 
 
 def param_groups(
@@ -41,36 +50,53 @@ def param_groups(
     return result
 
 
+def _settings(node: Mapping[str, Any]) -> dict[str, Any]:
+    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node)
+
+
+def optimizer_factory(node: Mapping[str, Any]) -> functools.partial:
+    """The node's class with its arguments bound: call it with `(param_groups, lr=...)`."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    settings = {k: v for k, v in _settings(node).items() if k not in _NOT_ARGUMENTS}
+    if "_target_" not in settings:
+        raise ConfigError("optimizer has no _target_; every configs/optimizer/*.yaml names its class (e.g. horst.HORST)")
+    try:
+        factory = instantiate({**settings, "_partial_": True}, _convert_="all")
+    except InstantiationException as error:
+        raise ConfigError(f"optimizer._target_={settings['_target_']}: {str(error).splitlines()[0]}") from None
+    return factory
+
+
 def build_optimizer(
-    cfg: Mapping[str, Any],
+    node: Mapping[str, Any],
     model: torch.nn.Module,
     *,
     lr: float,
     prunable_names: Collection[str] = (),
 ) -> torch.optim.Optimizer:
-    """`cfg` is the `optimizer` config node: name, betas, eps, weight_decay and, for HAM and
-    HORST, alpha, beta, hyperbolic_params (HORST also `order`)."""
-    name = cfg["name"]
-    if name not in OPTIMIZERS:
-        raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
-    common = dict(lr=lr, betas=tuple(cfg["betas"]), eps=cfg["eps"], weight_decay=cfg["weight_decay"])
-    on_accelerator_or_cpu = all(p.device.type in ("cpu", "cuda") for p in model.parameters())
-    if name == "adamw":
-        groups = param_groups(model, weight_decay=cfg["weight_decay"])
-        return torch.optim.AdamW(groups, **common, fused=on_accelerator_or_cpu)
-
-    import horst
-
-    if cfg["hyperbolic_params"] == "all_2d":
+    """The optimizer of `node` over `model`'s param groups, at learning rate `lr`."""
+    settings = _settings(node)
+    choice = settings.get("hyperbolic_params")
+    if choice is None:
+        hyperbolic = None
+    elif choice == "all_2d":
         hyperbolic = {n for n, p in model.named_parameters() if p.ndim >= 2}
-    elif cfg["hyperbolic_params"] == "prunable":
+    elif choice == "prunable":
         hyperbolic = set(prunable_names)
     else:
-        raise ValueError(
-            f"unknown optimizer.hyperbolic_params {cfg['hyperbolic_params']!r}; use {' or '.join(HYPERBOLIC_PARAMS)}"
-        )
-    groups = param_groups(model, weight_decay=cfg["weight_decay"], hyperbolic_names=hyperbolic)
-    if name == "ham":
-        return horst.HAM(groups, **common, alpha=cfg["alpha"], beta=cfg["beta"])
-    return horst.HORST(groups, **common, alpha=cfg["alpha"], beta=cfg["beta"], order=cfg["order"])
+        raise ConfigError(f"optimizer.hyperbolic_params={choice!r} is unknown; use {' or '.join(HYPERBOLIC_PARAMS)}")
+    groups = param_groups(model, weight_decay=settings.get("weight_decay", 0.0), hyperbolic_names=hyperbolic)
+    factory = optimizer_factory(settings)
+    try:
+        return factory(groups, lr=lr)
+    except (TypeError, ValueError) as error:
+        raise ConfigError(
+            f"optimizer={settings.get('name')} ({settings['_target_']}): {error}; fix the optimizer.* setting"
+        ) from None
 
+
+def check_optimizer(node: Mapping[str, Any], *, lr: float) -> None:
+    """Build the optimizer over one dummy tensor: its constructor's checks, before any work."""
+    build_optimizer(node, torch.nn.Linear(2, 2), lr=lr, prunable_names=["weight"])

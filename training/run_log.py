@@ -20,6 +20,7 @@ import yaml
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 CONFIG_FILE = "config.yaml"
+FAILED_FILE = "failed.json"  # instead of summary.json: a run that stopped on an error (training.runner)
 _WANDB_ID_FILE = "wandb_id.txt"
 
 
@@ -69,6 +70,16 @@ def wandb_mode(configured: str | None) -> str:
     if mode not in ("online", "offline", "disabled"):
         raise ValueError(f"unknown W&B mode {mode!r}; use online, offline or disabled")
     return mode
+
+
+def write_json_atomic(path: str | os.PathLike, data: Mapping[str, Any]) -> Path:
+    """Write `data` as JSON to `path` (temporary file + rename: never a half-written file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(_jsonable(data), indent=2) + "\n")
+    os.replace(tmp, path)
+    return path
 
 
 class RunLogger:
@@ -148,9 +159,7 @@ class RunLogger:
         """Write a JSON file into the run folder (temp file + rename)."""
         path = self.run_dir / filename
         if self.enabled:
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text(json.dumps(_jsonable(data), indent=2) + "\n")
-            os.replace(tmp, path)
+            write_json_atomic(path, data)
         return path
 
     def write_text(self, filename: str, text: str) -> Path:

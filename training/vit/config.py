@@ -1,31 +1,25 @@
-"""ViT pipeline pieces: the config schema and its validation, the timm model, the AC/DC
-schedule from the config, top-1/top-5 evaluation.
-
-Used by `train_vit.py`. Models are timm VisionTransformers (DeiT-tiny/small/base, DESIGN §4,
-and small presets for the CPU) from `configs/model/{deit,vit}_*.yaml`; the recipe values
-(data, augmentation, schedule, AC/DC phases) come from `configs/vit_recipe/*.yaml`, which
-is why the schema below leaves them without defaults.
-"""
+"""The ViT pipeline's config: schemas (types and required keys; the values are in
+`configs/train_vit.yaml`, `configs/model/{deit,vit}_*.yaml` and the recipes in
+`configs/vit_recipe/`), the checks of the values before any work, and the two values derived
+from them (the scaled lr, the AC/DC schedule)."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any, List, Optional
 
-import torch
-import torch.nn.functional as F
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig
 
 import pruning
-from training.config import ConfigError, LoggingConfig, register_shared_configs, require, validate_logging, validate_optimizer
-from training.distributed import all_reduce_sum
-from training.env import autocast
+from training.config import ConfigError, RunConfig, require, validate_run
+from training.optim import check_optimizer
 
 
 @dataclasses.dataclass
 class ViTModelConfig:
-    arch: str = "vit"
+    arch: str = MISSING  # vit
+    name: str = MISSING  # the preset's name, recorded in the summary
     timm_name: str = MISSING  # a timm VisionTransformer, e.g. deit_small_patch16_224
     img_size: int = MISSING
     patch_size: int = MISSING
@@ -38,10 +32,10 @@ class ViTModelConfig:
 @dataclasses.dataclass
 class ImageDataConfig:
     name: str = MISSING  # digits (embedded) | imagefolder (ImageNet layout under root)
-    root: Optional[str] = None  # imagefolder: a folder with train/<class>/ and val/<class>/
-    val_fraction: float = 0.2  # digits: stratified validation split
+    root: Optional[str] = MISSING  # imagefolder: a folder with train/<class>/ and val/<class>/
+    val_fraction: Optional[float] = MISSING  # digits: stratified validation split; null otherwise
     num_workers: int = MISSING  # DataLoader workers per process
-    pin_memory: bool = True  # on CUDA
+    pin_memory: bool = MISSING  # on CUDA
     repeated_aug: int = MISSING  # repeats per image and epoch under DDP (RepeatAugSampler); 1: off
 
 
@@ -72,49 +66,38 @@ class ViTTrainConfig:
     min_lr: float = MISSING
     warmup_lr: float = MISSING
     warmup_epochs: int = MISSING  # linear warm-up, then cosine; both stepped per update
-    grad_clip: float = 0.0  # 0: no clipping (DeiT)
+    grad_clip: float = MISSING  # 0: no clipping (DeiT)
     eval_batch_size: int = MISSING  # per process
     log_interval: int = MISSING  # updates between training-loss records
-    checkpoint_interval: int = 1  # epochs between checkpoints (the last epoch always)
-    keep_checkpoints: int = 2
+    checkpoint_interval: int = MISSING  # epochs between checkpoints (the last epoch always)
+    keep_checkpoints: int = MISSING
 
 
 @dataclasses.dataclass
 class ACDCConfig:
     sparsity: float = MISSING  # target sparsity of the compressed phases over the prunable set
-    scope: str = "global"  # global (AC/DC) | layerwise
-    preset: str = "vit"  # pruning.PRESETS key: qkv, proj, fc1, fc2 of every block
-    patterns: List[str] = dataclasses.field(default_factory=list)  # extra module-name regexes
-    # Phase lengths in epochs; must add up to train.epochs (DESIGN §3.3).
+    scope: str = MISSING  # global (AC/DC) | layerwise
+    preset: str = MISSING  # pruning.PRESETS key: qkv, proj, fc1, fc2 of every block
+    patterns: List[str] = MISSING  # extra module-name regexes
+    # Phase lengths in epochs; must add up to train.epochs (docs/design.md §3.3).
     dense_warmup: int = MISSING
     compressed: int = MISSING
     decompressed: int = MISSING
     final_decompressed: int = MISSING
     final_compressed: int = MISSING
-    reset_second_moment: bool = False  # at each restore; AC/DC resets the first moment only
-    histogram_bins: int = 100  # log10|w| histogram of the prunable weights, every epoch
+    reset_second_moment: bool = MISSING  # at each restore; AC/DC resets the first moment only
+    histogram_bins: int = MISSING  # log10|w| histogram of the prunable weights, every epoch
 
 
 @dataclasses.dataclass
-class ViTRunConfig:
-    model: Any = MISSING  # configs/model/{deit,vit}_*.yaml (schema ViTModelConfig)
-    optimizer: Any = MISSING  # configs/optimizer/*.yaml (schemas in training.config)
-    data: ImageDataConfig = dataclasses.field(default_factory=ImageDataConfig)
-    aug: AugConfig = dataclasses.field(default_factory=AugConfig)
-    train: ViTTrainConfig = dataclasses.field(default_factory=ViTTrainConfig)
-    acdc: ACDCConfig = dataclasses.field(default_factory=ACDCConfig)
-    logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
-    seed: int = 0
-    device: str = "auto"  # auto | cpu | cuda
-    precision: str = "auto"  # auto (bf16 autocast on CUDA, fp32 on CPU) | bf16 | fp32
-    deterministic: bool = False
-    compile: bool = False  # torch.compile the model
-    cpu_threads: Optional[int] = None  # torch intra-op threads; None: torch's default
-    resume: Optional[str] = "auto"  # auto: latest checkpoint in the run folder | never | a path
+class ViTRunConfig(RunConfig):
+    data: ImageDataConfig = MISSING
+    aug: AugConfig = MISSING
+    train: ViTTrainConfig = MISSING
+    acdc: ACDCConfig = MISSING
 
 
 def register_configs() -> None:
-    register_shared_configs()
     cs = ConfigStore.instance()
     cs.store(name="schema_vit_run", node=ViTRunConfig)
     cs.store(group="model", name="schema_vit", node=ViTModelConfig)
@@ -139,14 +122,14 @@ def acdc_schedule(acdc: DictConfig, *, epochs: int) -> pruning.ACDCSchedule:
         raise ConfigError(f"acdc phases do not fit train.epochs={epochs}: {error}") from None
 
 
-def validate(cfg: DictConfig, *, model_choice: str | None, world_size: int) -> None:
+def validate(cfg: DictConfig, *, world_size: int) -> None:
     """Raise `ConfigError` for the first value that cannot work."""
     import timm
 
     m, t, d, a = cfg.model, cfg.train, cfg.data, cfg.aug
     require(
         m.get("arch") == "vit",
-        f"model={model_choice or m.get('arch')} is not a ViT preset; use model=deit_tiny, deit_small, deit_base, "
+        f"model={m.get('name')} is not a ViT preset; use model=deit_tiny, deit_small, deit_base, "
         "vit_digits or vit_nano",
     )
     require(timm.is_model(m.timm_name), f"model.timm_name={m.timm_name!r} is not a timm model")
@@ -158,8 +141,9 @@ def validate(cfg: DictConfig, *, model_choice: str | None, world_size: int) -> N
 
     require(t.base_batch_size > 0, f"train.base_batch_size={t.base_batch_size} must be positive")
     require(t.batch_size > 0, f"train.batch_size={t.batch_size} must be positive")
-    validate_optimizer(cfg.optimizer, lr=t.base_lr, lr_key="train.base_lr")
+    require(t.base_lr > 0, f"train.base_lr={t.base_lr} must be positive")
     lr = scaled_lr(t)
+    check_optimizer(cfg.optimizer, lr=lr)
     require(t.epochs > 0, f"train.epochs={t.epochs} must be positive")
     require(
         t.batch_size % world_size == 0,
@@ -181,7 +165,8 @@ def validate(cfg: DictConfig, *, model_choice: str | None, world_size: int) -> N
     require(t.keep_checkpoints >= 1, f"train.keep_checkpoints={t.keep_checkpoints} must be >= 1")
 
     require(d.name in ("digits", "imagefolder"), f"data.name={d.name!r} is unknown; use digits or imagefolder")
-    require(0 < d.val_fraction < 1, f"data.val_fraction={d.val_fraction} must be in (0, 1)")
+    if d.name == "digits":
+        require(d.val_fraction is not None and 0 < d.val_fraction < 1, f"data.val_fraction={d.val_fraction} must be in (0, 1)")
     require(d.num_workers >= 0, f"data.num_workers={d.num_workers} must be >= 0")
     require(d.repeated_aug >= 1, f"data.repeated_aug={d.repeated_aug} must be >= 1 (1: no repeated augmentation)")
 
@@ -200,7 +185,7 @@ def validate(cfg: DictConfig, *, model_choice: str | None, world_size: int) -> N
         f"aug.interpolation={a.interpolation!r} is unknown; use bilinear, bicubic, nearest or random",
     )
     if a.auto_augment:
-        from training.vit_data import build_transforms
+        from training.vit.data import build_transforms
 
         try:
             build_transforms(a, img_size=m.img_size)
@@ -217,60 +202,5 @@ def validate(cfg: DictConfig, *, model_choice: str | None, world_size: int) -> N
     require(c.histogram_bins >= 1, f"acdc.histogram_bins={c.histogram_bins} must be >= 1")
     acdc_schedule(c, epochs=t.epochs)
 
-    require(cfg.cpu_threads is None or cfg.cpu_threads > 0, f"cpu_threads={cfg.cpu_threads} must be positive or null")
-    require(cfg.device in ("auto", "cpu", "cuda"), f"device={cfg.device!r} is unknown; use auto, cpu or cuda")
-    require(cfg.precision in ("auto", "bf16", "fp32"), f"precision={cfg.precision!r} is unknown; use auto, bf16 or fp32")
-    validate_logging(cfg.logging)
+    validate_run(cfg)
 
-
-def build_model(model_cfg: DictConfig, *, num_classes: int) -> torch.nn.Module:
-    """A randomly initialised timm VisionTransformer with the preset's shape."""
-    import timm
-
-    return timm.create_model(
-        model_cfg.timm_name,
-        pretrained=False,
-        num_classes=num_classes,
-        img_size=model_cfg.img_size,
-        patch_size=model_cfg.patch_size,
-        embed_dim=model_cfg.embed_dim,
-        depth=model_cfg.depth,
-        num_heads=model_cfg.num_heads,
-        drop_path_rate=model_cfg.drop_path,
-    )
-
-
-@torch.no_grad()
-def evaluate(
-    model: torch.nn.Module,
-    loader,
-    *,
-    device: torch.device,
-    dtype: torch.dtype,
-    channels_last: bool = False,
-) -> dict[str, float]:
-    """`{"top1", "top5", "loss", "images"}` over every validation image (all processes
-    together); top-5 is top-min(5, classes). Accuracies are fractions in [0, 1]."""
-    was_training = model.training
-    model.eval()
-    totals = torch.zeros(4, dtype=torch.float64, device=device)  # loss sum, top-1, top-5 hits, images
-    for images, targets in loader:
-        images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
-        if channels_last:
-            images = images.contiguous(memory_format=torch.channels_last)
-        with autocast(device, dtype):
-            logits = model(images)
-        logits = logits.float()
-        hits = logits.topk(min(5, logits.shape[1]), dim=1).indices == targets[:, None]
-        totals += torch.stack(
-            [
-                F.cross_entropy(logits, targets, reduction="sum").double(),
-                hits[:, 0].sum().double(),
-                hits.any(dim=1).sum().double(),
-                torch.tensor(len(targets), dtype=torch.float64, device=device),
-            ]
-        )
-    all_reduce_sum(totals)
-    model.train(was_training)
-    loss_sum, top1, top5, count = totals.tolist()
-    return {"top1": top1 / count, "top5": top5 / count, "loss": loss_sum / count, "images": int(count)}

@@ -21,12 +21,15 @@ from typing import Iterable
 import numpy as np
 import torch
 
+from training.config import RunError
+
 EOT = 50256  # GPT-2's <|endoftext|>
 META_FILE = "meta.json"
 SPLIT_FILES = {"train": "train.bin", "val": "val.bin"}
+PREPARE_SLIMPAJAMA = "python scripts/prepare_slimpajama.py --out {dir}"
 
 
-class DatasetNotPreparedError(FileNotFoundError):
+class DatasetNotPreparedError(RunError):
     """A token folder that is missing or incomplete; the message says how to prepare it."""
 
 
@@ -143,3 +146,17 @@ class RandomWindows:
         if device.type == "cuda":
             windows = windows.pin_memory().to(device, non_blocking=True)
         return windows[:, :-1], windows[:, 1:]
+
+
+def load_data(data_cfg, *, is_main: bool) -> tuple[np.memmap, np.memmap]:
+    """The train and validation token streams of `data.dir`; the embedded pydoc set is
+    tokenized there on first use (by the main process, a few seconds, no download)."""
+    from training.distributed import barrier
+
+    folder = Path(data_cfg.dir)
+    if data_cfg.name == "pydoc" and not (folder / META_FILE).is_file():
+        if is_main:
+            prepare_pydoc(folder)
+        barrier()
+    command = f"rm -r {folder} and rerun" if data_cfg.name == "pydoc" else PREPARE_SLIMPAJAMA.format(dir=folder)
+    return load_split(folder, "train", prepare_command=command), load_split(folder, "val", prepare_command=command)

@@ -2,7 +2,7 @@
 both through the same timm transforms, samplers, loaders and Mixup/CutMix.
 
 The DeiT recipe (Touvron et al., "Training data-efficient image transformers & distillation
-through attention", ICML 2021; DESIGN §4) is assembled from timm's own pieces:
+through attention", ICML 2021; docs/design.md §4) is assembled from timm's own pieces:
 `create_transform` (RandAugment, random erasing), `Mixup` with label smoothing and
 `SoftTargetCrossEntropy`, and `RepeatAugSampler` (repeated augmentation) under DDP.
 
@@ -23,6 +23,8 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset
 
+from training.config import RunError
+
 IMAGENET_LAYOUT = (
     "expected an ImageNet-style ImageFolder root: <root>/train/<class>/<image> and "
     "<root>/val/<class>/<image>, with the same class folders in both"
@@ -30,7 +32,7 @@ IMAGENET_LAYOUT = (
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
-class DataLayoutError(ValueError):
+class DataLayoutError(RunError):
     """A data root that cannot be read as the configured dataset; one line, with the fix."""
 
 

@@ -1,4 +1,5 @@
-"""Validation loss and perplexity of a causal language model (DESIGN §3.4).
+"""Validation loss and perplexity of a causal language model, and of one-shot pruned copies
+of it (docs/design.md §3.4).
 
 Non-overlapping windows of the context length tile the validation tokens: window i feeds
 tokens [i*T, (i+1)*T) and predicts tokens [i*T+1, (i+1)*T+1), so every token but the first
@@ -9,12 +10,14 @@ Windows are shared out over processes and the sums all-reduced.
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+import pruning
 from training.distributed import all_reduce_sum
 from training.env import autocast
 
@@ -67,3 +70,34 @@ def evaluate_lm(
     nll_sum, count = totals.tolist()
     loss = nll_sum / count
     return {"loss": loss, "ppl": math.exp(loss), "tokens": int(count), "windows": len(starts), "context": context}
+
+
+def one_shot_pruning(model: torch.nn.Module, prune_cfg, evaluate) -> dict:
+    """Prune a copy of `model` at each of `prune.sparsities` by magnitude (no retraining) and
+    evaluate it with `evaluate(model)` on the same validation windows."""
+    results = []
+    for sparsity in prune_cfg.sparsities:
+        pruned = copy.deepcopy(model)
+        weights = pruning.prunable_parameters(pruned, prune_cfg.preset)
+        if sparsity > 0:
+            pruning.prune_(weights, sparsity, scope=prune_cfg.scope)
+        val = evaluate(pruned)
+        measured = pruning.sparsity_stats(weights)["overall"]
+        results.append({"sparsity": sparsity, "measured_sparsity": measured, "val_loss": val["loss"], "ppl": val["ppl"]})
+        del pruned
+    return {
+        "method": "one-shot magnitude pruning (no retraining)",
+        "scope": prune_cfg.scope,
+        "preset": prune_cfg.preset,
+        "context": val["context"],
+        "windows": val["windows"],
+        "tokens": val["tokens"],
+        "results": results,
+    }
+
+
+def perplexity_table(results: list[dict], *, title: str) -> str:
+    lines = [title, "", "| sparsity | measured sparsity | val loss | val perplexity |", "|---:|---:|---:|---:|"]
+    for r in results:
+        lines.append(f"| {r['sparsity']:.2f} | {r['measured_sparsity']:.4f} | {r['val_loss']:.4f} | {r['ppl']:.2f} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,111 @@
+"""The GPT-2 pipeline's config: schemas (types and required keys; the values are in
+`configs/train_gpt2.yaml`, `configs/model/gpt2_*.yaml` and the presets) and the checks of
+the values before any work."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig
+
+from training.config import RunConfig, require, validate_run, validate_sparsities
+from training.optim import check_optimizer
+
+
+@dataclasses.dataclass
+class GPT2ModelConfig:
+    arch: str = MISSING  # gpt2
+    name: str = MISSING  # the preset's name, recorded in the summary
+    n_layer: int = MISSING
+    n_head: int = MISSING
+    n_embd: int = MISSING
+    n_positions: int = MISSING  # the context length of training and evaluation
+    dropout: float = MISSING
+    tie_word_embeddings: bool = MISSING
+
+
+@dataclasses.dataclass
+class LMDataConfig:
+    name: str = MISSING  # pydoc: embedded, tokenized on first use; otherwise a prepared folder
+    dir: str = MISSING
+
+
+@dataclasses.dataclass
+class LMTrainConfig:
+    lr: float = MISSING
+    min_lr: float = MISSING
+    warmup_lr: float = MISSING
+    warmup_steps: int = MISSING
+    max_steps: int = MISSING  # optimizer updates
+    batch_size: int = MISSING  # sequences per update, over all processes
+    micro_batch_size: int = MISSING  # sequences per forward pass and process (gradient accumulation)
+    grad_clip: float = MISSING  # 0 disables clipping
+    log_interval: int = MISSING
+    eval_interval: int = MISSING  # updates between validation losses; 0 disables
+    eval_windows: int = MISSING  # validation windows for the periodic loss (the final one uses all)
+    checkpoint_interval: int = MISSING  # updates between checkpoints; 0: only at the end
+    keep_checkpoints: int = MISSING
+    peak_tflops: Optional[float] = MISSING  # for MFU on CUDA; null: looked up from the GPU name
+
+
+@dataclasses.dataclass
+class LMEvalConfig:
+    batch_size: int = MISSING  # windows per forward pass
+    max_windows: Optional[int] = MISSING  # null: all validation tokens
+
+
+@dataclasses.dataclass
+class OneShotPruneConfig:
+    sparsities: List[float] = MISSING
+    scope: str = MISSING  # layerwise (the paper) | global
+    preset: str = MISSING  # pruning.PRESETS key: the block matrices
+
+
+@dataclasses.dataclass
+class GPT2RunConfig(RunConfig):
+    data: LMDataConfig = MISSING
+    train: LMTrainConfig = MISSING
+    eval: LMEvalConfig = MISSING
+    prune: OneShotPruneConfig = MISSING
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="schema_gpt2_run", node=GPT2RunConfig)
+    cs.store(group="model", name="schema_gpt2", node=GPT2ModelConfig)
+
+
+def validate(cfg: DictConfig, *, world_size: int) -> None:
+    """Raise `ConfigError` for the first value that cannot work."""
+    require(
+        cfg.model.get("arch") == "gpt2",
+        f"model={cfg.model.get('name')} is not a GPT-2 preset; use model=gpt2_small, gpt2_tiny or gpt2_nano",
+    )
+    validate_run(cfg)
+    m, t = cfg.model, cfg.train
+    for key in ("n_layer", "n_head", "n_embd", "n_positions"):
+        require(m[key] > 0, f"model.{key}={m[key]} must be positive")
+    require(m.n_embd % m.n_head == 0, f"model.n_embd={m.n_embd} must be divisible by model.n_head={m.n_head}")
+    require(0 <= m.dropout < 1, f"model.dropout={m.dropout} must be in [0, 1)")
+    require(t.lr > 0, f"train.lr={t.lr} must be positive")
+    check_optimizer(cfg.optimizer, lr=t.lr)
+    require(0 <= t.min_lr <= t.lr, f"train.min_lr={t.min_lr} must be in [0, train.lr={t.lr}]")
+    require(t.warmup_lr >= 0, f"train.warmup_lr={t.warmup_lr} must be >= 0")
+    require(t.max_steps > 0, f"train.max_steps={t.max_steps} must be positive")
+    require(0 <= t.warmup_steps < t.max_steps, f"train.warmup_steps={t.warmup_steps} must be in [0, train.max_steps)")
+    require(t.micro_batch_size > 0, f"train.micro_batch_size={t.micro_batch_size} must be positive")
+    require(
+        t.batch_size > 0 and t.batch_size % (t.micro_batch_size * world_size) == 0,
+        f"train.batch_size={t.batch_size} must be a positive multiple of train.micro_batch_size="
+        f"{t.micro_batch_size} x {world_size} processes",
+    )
+    require(t.grad_clip >= 0, f"train.grad_clip={t.grad_clip} must be >= 0 (0 disables clipping)")
+    for key in ("log_interval", "eval_interval", "eval_windows", "checkpoint_interval"):
+        require(t[key] >= 0, f"train.{key}={t[key]} must be >= 0")
+    require(t.keep_checkpoints >= 1, f"train.keep_checkpoints={t.keep_checkpoints} must be >= 1")
+    require(cfg.eval.batch_size > 0, f"eval.batch_size={cfg.eval.batch_size} must be positive")
+    require(len(cfg.prune.sparsities) > 0, "prune.sparsities is empty; list at least one (0.0 evaluates the dense model)")
+    validate_sparsities(cfg.prune.sparsities, key="prune.sparsities")
+    require(cfg.prune.scope in ("layerwise", "global"), f"prune.scope={cfg.prune.scope!r} is unknown; use layerwise or global")

@@ -1,0 +1,180 @@
+"""Train GPT-2, prune copies of it one-shot by magnitude, report validation perplexity.
+
+`run(cfg, run_dir)` is the whole pipeline, top to bottom; `train_gpt2.py` is its Hydra entry
+point. The scaffolding around the loop (start-up, resume, checkpoints, preemption, the
+non-finite guard) is `training.runner.Run`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig, OmegaConf
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+import pruning
+from training.distributed import all_reduce_mean
+from training.env import autocast, peak_flops
+from training.gpt2.config import validate
+from training.gpt2.data import RandomWindows, load_data
+from training.gpt2.evaluate import evaluate_lm, one_shot_pruning, perplexity_table
+from training.gpt2.model import build_model, flops_per_token
+from training.optim import build_optimizer
+from training.runner import Run
+from training.schedule import build_lr_scheduler
+
+# May differ when a run is continued: they change what is evaluated or logged, not what is trained.
+MAY_CHANGE_ON_RESUME = ("eval", "prune", "data.dir", "train.log_interval", "train.eval_interval",
+                        "train.eval_windows", "train.checkpoint_interval", "train.keep_checkpoints",
+                        "train.peak_tflops")  # fmt: skip
+
+
+def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
+    """Train, prune and evaluate as `cfg` says, writing into `run_dir`; returns the summary."""
+    r = Run(cfg, run_dir, validate=validate)
+    dist, device, t = r.dist, r.device, cfg.train
+
+    train_tokens, val_tokens = load_data(cfg.data, is_main=r.is_main)
+    context = cfg.model.n_positions
+    batches = RandomWindows(train_tokens, context=context, seed=cfg.seed)
+
+    model = build_model(cfg.model).to(device)
+    prunable = pruning.prunable_parameters(model, cfg.prune.preset)
+    optimizer = build_optimizer(cfg.optimizer, model, lr=t.lr, prunable_names=prunable.keys())
+    scheduler = build_lr_scheduler(
+        optimizer, total_steps=t.max_steps, warmup_steps=t.warmup_steps, min_lr=t.min_lr, warmup_lr=t.warmup_lr
+    )
+    state = r.restore(
+        model=model, optimizer=optimizer, scheduler=scheduler, generators={"batches": batches.generator},
+        may_change=MAY_CHANGE_ON_RESUME,
+    )  # fmt: skip
+    step, train_loss = (state["step"], state["train_loss"]) if state else (0, float("nan"))
+
+    train_model = torch.compile(model) if cfg.compile else model
+    if dist.enabled:
+        train_model = DistributedDataParallel(train_model, device_ids=[device.index] if device.type == "cuda" else None)
+    accum = t.batch_size // (t.micro_batch_size * dist.world_size)
+    tokens_per_step = t.batch_size * context
+    flops = flops_per_token(model, context) * tokens_per_step
+    peak = peak_flops(device, t.peak_tflops)  # per device; None on CPU
+
+    def evaluate(m: torch.nn.Module, max_windows: int | None) -> dict:
+        return evaluate_lm(
+            m, val_tokens, context=context, batch_size=cfg.eval.batch_size, device=device, dtype=r.dtype,
+            rank=dist.rank, world_size=dist.world_size, max_windows=max_windows,
+        )  # fmt: skip
+
+    # ---- training ------------------------------------------------------------------------
+    model.train()
+    bar = tqdm(total=t.max_steps, initial=step, desc="train", disable=not r.is_main, dynamic_ncols=True)
+    train_seconds, logged_step = 0.0, step  # throughput excludes evaluation and checkpoints
+    while step < t.max_steps:
+        step_started = time.time()
+        # Same global draw on every process; each takes its rows (DDP == one big batch).
+        offsets = batches.global_offsets(t.batch_size).view(dist.world_size, accum, t.micro_batch_size)[dist.rank]
+        loss_sum = torch.zeros((), device=device)
+        for micro in range(accum):
+            x, y = batches.batch(offsets[micro], device)
+            sync = not dist.enabled or micro == accum - 1
+            with contextlib.nullcontext() if sync else train_model.no_sync():
+                with autocast(device, r.dtype):
+                    logits = train_model(x).logits
+                loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+                (loss / accum).backward()
+            loss_sum += loss.detach()
+        train_loss = all_reduce_mean(loss_sum / accum).item()
+        r.check_finite(train_loss, step=step + 1, hint="train.lr (or optimizer.alpha)")
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip) if t.grad_clip > 0 else None
+        lr = optimizer.param_groups[0]["lr"]
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        scheduler.step_update(step)
+        train_seconds += time.time() - step_started
+
+        if t.log_interval and (step % t.log_interval == 0 or step == t.max_steps):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            seconds = train_seconds / (step - logged_step)  # per update since the last log
+            train_seconds, logged_step = 0.0, step
+            metrics = {"train/loss": train_loss, "lr": lr, "tokens": step * tokens_per_step,
+                       "tokens_per_s": tokens_per_step / seconds}  # fmt: skip
+            if grad_norm is not None:
+                metrics["train/grad_norm"] = grad_norm.item()
+            if peak:
+                metrics["mfu"] = flops / seconds / (peak * dist.world_size)
+            r.log.log(metrics, step=step)
+            bar.set_postfix(loss=f"{train_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{metrics['tokens_per_s']:,.0f}", refresh=False)
+        bar.update()
+        if t.eval_interval and (step % t.eval_interval == 0 or step == t.max_steps):
+            val = evaluate(model, max_windows=t.eval_windows)
+            r.log.log({"val/loss": val["loss"], "val/ppl": val["ppl"]}, step=step)
+            bar.write(f"step {step}: val loss {val['loss']:.4f} (ppl {val['ppl']:.2f}, {val['tokens']} tokens)")
+        if (t.checkpoint_interval and step % t.checkpoint_interval == 0) or step == t.max_steps:
+            r.save(step=step, train_loss=train_loss)
+        elif r.preempted():
+            r.exit_for_requeue(step=step, bar=bar, train_loss=train_loss)
+    bar.close()
+
+    # The trained dense model's weight distribution (the paper's AdamW vs HORST figure).
+    counts, edges = pruning.magnitude_histogram(prunable, bins=100, log=True)
+    histogram = {"of": "log10|w| of the prunable weights of the trained dense model", "counts": counts, "edges": edges}
+    r.log.write_json("weight_histogram.json", histogram)
+
+    # ---- one-shot magnitude pruning of copies of the trained model, perplexity of each -----
+    evaluation = one_shot_pruning(model, cfg.prune, lambda m: evaluate(m, max_windows=cfg.eval.max_windows))
+    for p in evaluation["results"]:
+        r.log.log({f"prune/ppl@{p['sparsity']:g}": p["ppl"], f"prune/loss@{p['sparsity']:g}": p["val_loss"]}, step=step)
+
+    opt = OmegaConf.to_container(cfg.optimizer, resolve=True)
+    hyperparameters = ", ".join(f"{k}={v}" for k, v in opt.items() if k not in ("name", "_target_", "_partial_"))
+    parameters = sum(p.numel() for p in model.parameters())
+    title = (
+        f"Validation perplexity after one-shot {cfg.prune.scope} magnitude pruning: GPT-2 "
+        f"({cfg.model.name}, {parameters / 1e6:.1f}M params), {opt['name']} ({hyperparameters}, lr={t.lr}), "
+        f"{step * tokens_per_step:,} training tokens; {evaluation['tokens']:,} validation tokens in "
+        f"{evaluation['windows']} non-overlapping windows of {context}."
+    )
+    table = perplexity_table(evaluation["results"], title=title)
+    r.log.write_json("perplexity.json", evaluation)
+    r.log.write_text("perplexity.md", table)
+    summary = r.finish(
+        {
+            "pipeline": "gpt2",
+            "model": {
+                "preset": cfg.model.name,
+                **OmegaConf.to_container(cfg.model, resolve=True),
+                "parameters": parameters,
+                "prunable_parameters": sum(p.numel() for p in prunable.values()),
+            },
+            "optimizer": {**opt, "lr": t.lr, "min_lr": t.min_lr, "warmup_steps": t.warmup_steps},
+            "data": {
+                "name": cfg.data.name,
+                "dir": str(cfg.data.dir),
+                "train_tokens": len(train_tokens),
+                "val_tokens": len(val_tokens),
+            },
+            "train": {
+                "steps": step,
+                "batch_size": t.batch_size,
+                "context": context,
+                "tokens_trained": step * tokens_per_step,
+                "final_train_loss": train_loss,
+                "wall_time_s": r.elapsed_s,
+                "world_size": dist.world_size,
+                "device": str(device),
+            },
+            "seed": cfg.seed,
+            "pruning": evaluation,
+            "ppl": {f"{p['sparsity']:g}": p["ppl"] for p in evaluation["results"]},
+        }
+    )
+    if r.is_main:
+        print(table)
+        print(f"run folder: {r.run_dir}")
+    return summary

@@ -1,0 +1,263 @@
+"""The scaffolding around both pipelines' training loops, written once.
+
+`Run` is what a pipeline's `run()` holds besides its model, data and loop:
+
+* start-up: DDP from torchrun/SLURM/submitit, the config checks, the device, autocast dtype,
+  seeds and threads, one run folder for every process, the preemption signal handler;
+* `restore()`: continue from a checkpoint (`resume=auto|never|path`), refusing one written
+  with other settings (the differing keys listed), then open the run log;
+* `save()`: an atomic checkpoint with its marker in the log, the newest ones kept, and
+  never one with non-finite weights;
+* `check_finite()`: the non-finite-loss guard, naming the last good checkpoint;
+* `preempted()` / `exit_for_requeue()`: SLURM's pre-timeout signal, checkpoint, requeue.
+
+`hydra_task()` is the body of both entry points' `main`: it maps the errors a user can fix
+to one line and an exit code, and in a multirun records a failed cell (`failed.json`) and
+lets the sweep go on to the next one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+import torch
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from training.checkpoint import (
+    CheckpointError,
+    checkpoint_path,
+    latest_checkpoint,
+    load_checkpoint,
+    prune_old_checkpoints,
+    resolve_resume,
+    restore_training_state,
+    save_checkpoint,
+    training_state,
+)
+from training.config import RunError
+from training.distributed import barrier, broadcast_object, init_distributed, shutdown_distributed
+from training.env import autocast_dtype, device_type, seed_everything, select_device
+from training.preemption import PreemptionGuard
+from training.run_log import FAILED_FILE, RunLogger, git_commit, write_json_atomic
+
+NON_FINITE_EXIT_CODE = 4  # a run stopped by a non-finite loss (preemption's is 3)
+
+# Settings that may change when a run is continued: they do not change what is trained.
+RESUMABLE_CHANGES = ("resume", "logging", "device", "compile", "cpu_threads")
+
+
+class NonFiniteLossError(RunError):
+    """The training loss became NaN or infinite; the weights were not updated with it."""
+
+    exit_code = NON_FINITE_EXIT_CODE
+
+
+def config_differences(old: Mapping[str, Any], new: Mapping[str, Any], *, ignore: Iterable[str] = ()) -> list[str]:
+    """`key: old -> new` for every leaf that differs, dotted keys; `ignore` skips keys and
+    whole sections by their dotted prefix."""
+    ignore = tuple(ignore)
+    differences = []
+
+    def walk(a: Any, b: Any, prefix: str) -> None:
+        if prefix and any(prefix == k or prefix.startswith(k + ".") for k in ignore):
+            return
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            for key in sorted(set(a) | set(b), key=str):
+                walk(a.get(key, "<absent>"), b.get(key, "<absent>"), f"{prefix}.{key}" if prefix else str(key))
+        elif a != b and not (isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and list(a) == list(b)):
+            differences.append(f"{prefix}: {a} -> {b}")
+
+    walk(old, new, "")
+    return differences
+
+
+class Run:
+    """One training run's shared machinery; see the module docstring."""
+
+    def __init__(self, cfg: DictConfig, run_dir: str | Path, *, validate: Callable[..., None]) -> None:
+        self.started = time.time()
+        self.dist = init_distributed(device_type(cfg.device))
+        validate(cfg, world_size=self.dist.world_size)
+        self.cfg = cfg
+        self.config = OmegaConf.to_container(cfg, resolve=True)
+        self.device = select_device(cfg.device, local_rank=self.dist.local_rank)
+        # Each process's Hydra may pick its own time-stamped folder; all use the main process's.
+        self.run_dir = Path(broadcast_object(str(run_dir)))
+        self.dtype = autocast_dtype(cfg.precision, self.device)
+        seed_everything(cfg.seed, deterministic=cfg.deterministic)
+        if cfg.cpu_threads:
+            torch.set_num_threads(cfg.cpu_threads)
+        self.preemption = PreemptionGuard()  # SLURM's pre-timeout signal: checkpoint, then requeue
+        self.log: RunLogger | None = None
+        self.elapsed_before = 0.0  # wall time of the runs this one continues
+        self._tracked: dict[str, Any] = {}
+
+    @property
+    def is_main(self) -> bool:
+        return self.dist.is_main
+
+    @property
+    def elapsed_s(self) -> float:
+        return self.elapsed_before + time.time() - self.started
+
+    def restore(
+        self,
+        *,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any,
+        generators: dict[str, torch.Generator] | None = None,
+        may_change: Iterable[str] = (),
+        check: Callable[[dict, Path], None] | None = None,
+        position: Callable[[dict], str] = lambda state: f"step {state['step']}",
+    ) -> dict[str, Any] | None:
+        """Load the checkpoint `resume` names into the live objects and open the run log.
+
+        Returns the checkpoint's other entries (`step` and the pipeline's extras), or None
+        for a fresh start. A checkpoint written with other settings than `RESUMABLE_CHANGES`
+        and the pipeline's `may_change` is refused, naming every differing key; `check` adds
+        the pipeline's own conditions; `position` says where the run continues."""
+        self._tracked = dict(model=model, optimizer=optimizer, scheduler=scheduler, generators=generators)
+        path = resolve_resume(self.cfg.resume, self.run_dir)
+        state = None
+        if path is not None:
+            state = load_checkpoint(path, map_location=self.device)
+            differences = config_differences(state["config"], self.config, ignore=RESUMABLE_CHANGES + tuple(may_change))
+            if differences:
+                raise CheckpointError(
+                    f"{path} was written with other settings ({'; '.join(differences)}); rerun with its settings, "
+                    "or start a new run folder (hydra.run.dir=...) or resume=never"
+                )
+            if check is not None:
+                check(state, path)
+            state = restore_training_state(
+                state, model=model, optimizer=optimizer, scheduler=scheduler, generators=generators
+            )
+            self.elapsed_before = state.get("elapsed_s", 0.0)
+            scheduler.step_update(state["step"])
+        logging = self.cfg.logging
+        self.log = RunLogger(
+            self.run_dir, self.config, enabled=self.is_main, project=logging.project,
+            name=logging.name or self.run_dir.name, group=logging.group, tags=list(logging.tags),
+            mode=logging.mode, resume_step=state["step"] if state else None,
+        )  # fmt: skip
+        if state and self.is_main:
+            tqdm.write(f"resumed from {path} at {position(state)}")
+        return state
+
+    def save(self, *, step: int, **extra: Any) -> None:
+        """Checkpoint the tracked objects at `step` with the pipeline's `extra` state (main
+        process writes, all wait). Weights that are not finite are never written."""
+        model = self._tracked["model"]
+        if not all(torch.isfinite(p).all() for p in model.parameters()):
+            raise NonFiniteLossError(
+                f"the weights are not finite at step {step}; no checkpoint written. {self._recovery_hint()}"
+            )
+        if self.is_main:
+            path = checkpoint_path(self.run_dir, step)
+            self.log.checkpoint(path, step=step)  # before the file: a resume from it always finds its marker
+            state = training_state(
+                **self._tracked, step=step, config=self.config, elapsed_s=self.elapsed_s, **extra
+            )  # fmt: skip
+            save_checkpoint(state, path)
+            prune_old_checkpoints(self.run_dir, keep=self.cfg.train.keep_checkpoints)
+        barrier()
+
+    def check_finite(self, loss: float, *, step: int, hint: str) -> None:
+        """Stop before the update if the loss (the one all processes agree on) is NaN or inf."""
+        if not math.isfinite(loss):
+            error = NonFiniteLossError(
+                f"training loss is {loss} at step {step}; stopped before updating the weights. "
+                f"{self._recovery_hint(hint)}"
+            )
+            error.step = step
+            raise error
+
+    def _recovery_hint(self, hint: str = "train.lr") -> str:
+        last = latest_checkpoint(self.run_dir)
+        return f"Last good checkpoint: {last or 'none yet'}. Lower {hint} and rerun" + (
+            f" with hydra.run.dir={self.run_dir} (resume=auto continues from that checkpoint)" if last else ""
+        )
+
+    def preempted(self) -> bool:
+        """Whether SLURM's pre-timeout signal arrived (on any process: a collective under DDP,
+        so every process must ask at the same step)."""
+        return self.preemption.requested()
+
+    def exit_for_requeue(self, *, step: int, bar: tqdm | None = None, **extra: Any) -> None:
+        """Checkpoint, then hand over to submitit's requeue (or exit with code 3). Does not return."""
+        self.save(step=step, **extra)
+        if bar is not None:
+            bar.close()
+        self.log.close()
+        self.preemption.requeue_or_exit(resume_hint=f"hydra.run.dir={self.run_dir}")
+
+    def finish(self, summary: Mapping[str, Any]) -> dict[str, Any]:
+        """Write `summary.json`, close the log and the signal handler; returns the summary."""
+        self.preemption.close()
+        data = self.log.summary({**summary, "wall_time_s": self.elapsed_s})
+        self.log.close()
+        if self.is_main:
+            (self.run_dir / FAILED_FILE).unlink(missing_ok=True)  # an earlier failure of this cell, now done
+        return data
+
+
+class SweepReport(Callback):
+    """At the end of a multirun, one line per failed cell (its `failed.json`) and exit
+    status 1 if any failed: the sweep ran every cell, and the shell still learns of failures."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        failed = sorted(Path(config.hydra.sweep.dir).glob(f"*/{FAILED_FILE}"))
+        for path in failed:
+            record = json.loads(path.read_text())
+            print(f"failed cell {path.parent}: {record['reason']}", file=sys.stderr)
+        if failed:
+            sys.exit(f"{len(failed)} cell(s) of this multirun failed (listed above); the others ran")
+
+
+def hydra_task(task: Callable[..., dict], cfg: DictConfig) -> dict | None:
+    """Run `task(cfg, run_dir=...)` in Hydra's run folder; the body of both entry points.
+
+    Errors a user can fix (`RunError`) are one line on stderr and the error's exit code.
+    In a multirun every failure, including an unexpected exception, is recorded in the cell's
+    `failed.json` (reason, exit code, config) and the sweep goes on with the next cell."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    try:
+        return task(cfg, run_dir=run_dir)
+    except RunError as error:
+        reason, exit_code, step = str(error), error.exit_code, getattr(error, "step", None)
+        print(f"error: {reason}", file=sys.stderr)
+        if not multirun:
+            sys.exit(exit_code)
+    except Exception as error:
+        if not multirun:
+            raise
+        traceback.print_exc()
+        reason, exit_code, step = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}", 1, None
+    finally:
+        shutdown_distributed()
+    record = {
+        "pipeline": hydra_cfg.job.config_name.removeprefix("train_"),
+        "status": "failed",
+        "exit_code": exit_code,
+        "reason": reason,
+        "step": step,
+        "git_commit": git_commit(Path(__file__).parent),
+        "config": OmegaConf.to_container(cfg, resolve=True),
+    }
+    write_json_atomic(run_dir / FAILED_FILE, record)
+    print(f"error: cell {hydra_cfg.job.num} failed ({reason}); recorded in {run_dir / FAILED_FILE}, going on", file=sys.stderr)
+    return record

@@ -1,0 +1,278 @@
+"""Train a ViT/DeiT under the AC/DC schedule; report the final sparse model's accuracy.
+
+`run(cfg, run_dir)` is the whole pipeline, top to bottom; `train_vit.py` is its Hydra entry
+point. AC/DC (docs/design.md §3.3): dense warm-up, then compressed phases (global magnitude
+masks over the block matrices, recomputed at the start of each, held fixed) alternating with
+decompressed ones (pruned weights restart from 0, the optimizer's first moment is reset),
+ending with a long compressed phase whose sparse model is the result. Every epoch ends with
+top-1/top-5 on the validation set, tagged with its phase. The scaffolding around the loop
+(start-up, resume, checkpoints, preemption, the non-finite guard) is `training.runner.Run`;
+a preempted run checkpoints after its current batch and continues from the next one.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+import pruning
+from training.checkpoint import CheckpointError
+from training.config import ConfigError
+from training.distributed import all_reduce_mean
+from training.env import autocast, seed_rngs
+from training.optim import build_optimizer
+from training.run_log import RunLogger
+from training.runner import Run
+from training.schedule import build_lr_scheduler
+from training.vit.config import acdc_schedule, scaled_lr, validate
+from training.vit.data import TrainLoader, build_datasets, build_mixup, build_transforms, epoch_seed, eval_loader
+from training.vit.model import build_model, evaluate
+
+# May differ when a run is continued: they change what is logged or how fast, not what is trained.
+MAY_CHANGE_ON_RESUME = ("data.root", "data.num_workers", "data.pin_memory", "train.eval_batch_size",
+                        "train.log_interval", "train.checkpoint_interval", "train.keep_checkpoints",
+                        "acdc.histogram_bins")  # fmt: skip
+
+
+def log_weight_histogram(log: RunLogger, weights: dict, *, bins: int, step: int, epoch: int) -> None:
+    """log10|w| of the non-zero prunable weights: JSONL (counts and edges) and a W&B histogram."""
+    counts, edges = pruning.magnitude_histogram(weights, bins=bins, log=True)
+    log.log({"epoch": epoch, "weights/log10_abs_counts": counts.tolist(), "weights/log10_abs_edges": edges.tolist()}, step=step)
+    wandb = sys.modules.get("wandb")  # imported by RunLogger unless W&B is disabled
+    if log.enabled and wandb is not None and wandb.run is not None:
+        wandb.run.log({"weights/log10_abs": wandb.Histogram(np_histogram=(counts.numpy(), edges.numpy()))}, step=step)
+
+
+def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
+    """Train under AC/DC as `cfg` says, writing into `run_dir`; returns the summary."""
+    r = Run(cfg, run_dir, validate=validate)
+    dist, device, t, acdc = r.dist, r.device, cfg.train, cfg.acdc
+    channels_last = device.type == "cuda"
+
+    # ---- data: the same timm pipeline for ImageNet and the digits ----------------------------
+    train_transform, eval_transform = build_transforms(cfg.aug, img_size=cfg.model.img_size)
+    train_set, val_set, classes = build_datasets(cfg.data, train_transform=train_transform, eval_transform=eval_transform)
+    mixup, criterion = build_mixup(cfg.aug, num_classes=len(classes))
+    pin_memory = cfg.data.pin_memory and device.type == "cuda"
+    train_batches = TrainLoader(
+        train_set, batch_size=t.batch_size // dist.world_size, seed=cfg.seed, rank=dist.rank,
+        world_size=dist.world_size, repeated_aug=cfg.data.repeated_aug, num_workers=cfg.data.num_workers,
+        pin_memory=pin_memory,
+    )  # fmt: skip
+    val_batches = eval_loader(
+        val_set, batch_size=t.eval_batch_size, rank=dist.rank, world_size=dist.world_size,
+        num_workers=cfg.data.num_workers, pin_memory=pin_memory,
+    )  # fmt: skip
+    steps_per_epoch = len(train_batches)
+    if steps_per_epoch == 0:
+        raise ConfigError(f"train.batch_size={t.batch_size} exceeds the {len(train_set)} training images; lower it")
+
+    # ---- model, prunable set, AC/DC, optimizer, LR schedule ----------------------------------
+    model = build_model(cfg.model, num_classes=len(classes)).to(device)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    prunable = pruning.prunable_parameters(model, acdc.preset, patterns=list(acdc.patterns) or None)
+    sparsifier = pruning.Sparsifier(prunable)
+    schedule = acdc_schedule(acdc, epochs=t.epochs)
+    lr = scaled_lr(t)
+    optimizer = build_optimizer(cfg.optimizer, model, lr=lr, prunable_names=prunable.keys())
+    scheduler = build_lr_scheduler(
+        optimizer, total_steps=t.epochs * steps_per_epoch, warmup_steps=t.warmup_epochs * steps_per_epoch,
+        min_lr=t.min_lr, warmup_lr=t.warmup_lr,
+    )  # fmt: skip
+
+    def check(state: dict, path: Path) -> None:
+        """A checkpoint taken mid-epoch continues that epoch's batches: same data and processes."""
+        batch = state.get("batch", 0)
+        if batch and state["world_size"] != dist.world_size:
+            raise CheckpointError(
+                f"{path} was taken mid-epoch by {state['world_size']} processes, this run has {dist.world_size}; "
+                "rerun with as many, or start a new run folder (hydra.run.dir=...) or resume=never"
+            )
+        if state["step"] != state["epoch"] * steps_per_epoch + batch:
+            raise CheckpointError(
+                f"{path} was taken after {state['step']} updates, at batch {batch} of epoch {state['epoch']}, but "
+                f"this run has {steps_per_epoch} updates per epoch ({len(train_set)} training images): resume with "
+                "the same training set, or start a new run folder (hydra.run.dir=...) or resume=never"
+            )
+
+    def position(state: dict) -> str:
+        epoch, batch = state["epoch"], state.get("batch", 0)
+        at = f"epoch {epoch}, batch {batch}" if batch else f"epoch {epoch}"
+        return f"{at} ({schedule.phase(min(epoch, t.epochs - 1))} phase)"
+
+    state = r.restore(
+        model=model, optimizer=optimizer, scheduler=scheduler, may_change=MAY_CHANGE_ON_RESUME, check=check,
+        position=position,
+    )  # fmt: skip
+    # `batch`: batches of `epoch` done; `epoch_loss`: the sum of their (mean over processes) losses.
+    epoch, batch, step, epoch_loss, history = 0, 0, 0, 0.0, []
+    if state:
+        sparsifier.load_state_dict(state["masks"])  # the phase's masks, if it is a compressed one
+        epoch, step, history = state["epoch"], state["step"], state["history"]
+        # Mid-epoch after a preemption; per-epoch checkpoints (older ones have no `batch`) are at batch 0.
+        batch, epoch_loss = state.get("batch", 0), state.get("epoch_loss", 0.0)
+
+    forward_model = torch.compile(model) if cfg.compile else model
+    train_model = forward_model
+    if dist.enabled:
+        train_model = DistributedDataParallel(forward_model, device_ids=[device.index] if device.type == "cuda" else None)
+
+    def extra_state() -> dict:
+        return dict(epoch=epoch, batch=batch, epoch_loss=epoch_loss, world_size=dist.world_size,
+                    masks=sparsifier.state_dict(), history=history)  # fmt: skip
+
+    # ---- training ------------------------------------------------------------------------------
+    bar = tqdm(total=t.epochs * steps_per_epoch, initial=step, disable=not r.is_main, dynamic_ncols=True)
+    train_loss = float("nan")
+    while epoch < t.epochs:
+        phase, action = schedule.phase(epoch), schedule.action(epoch)
+        if batch == 0:  # at the epoch's start (resumed mid-epoch, the checkpoint holds the phase's masks and moments)
+            if action == "prune":
+                sparsifier.prune(acdc.sparsity, scope=acdc.scope)
+            elif action == "restore":
+                sparsifier.restore()
+                pruning.reset_optimizer_moments(optimizer, prunable, first=True, second=acdc.reset_second_moment)
+        bar.set_description(f"epoch {epoch} {phase}")
+        model.train()
+        tick, ticked_step = time.time(), step
+        # Resumed mid-epoch: from the next batch on, without loading the done ones (TrainLoader).
+        for images, targets in train_batches.epoch(epoch, start=batch):
+            # Mixing and drop path draw from (seed, epoch, rank, batch): a resumed run replays them.
+            seed_rngs(epoch_seed(cfg.seed, epoch, dist.rank + 1, batch))
+            images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+            if channels_last:
+                images = images.contiguous(memory_format=torch.channels_last)
+            if mixup is not None:
+                images, targets = mixup(images, targets)
+            with autocast(device, r.dtype):
+                output = train_model(images)
+            loss = criterion(output.float(), targets)
+            train_loss = all_reduce_mean(loss.detach().clone()).item()
+            r.check_finite(train_loss, step=step + 1, hint=f"train.base_lr (epoch {epoch}, {phase} phase)")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if t.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
+            lr_now = optimizer.param_groups[0]["lr"]
+            sparsifier.mask_grads_()  # pruned weights get no update in a compressed phase ...
+            optimizer.step()
+            sparsifier.apply_masks_()  # ... and stay exactly 0 despite momentum and weight decay
+            step += 1
+            batch += 1
+            scheduler.step_update(step)
+            epoch_loss += train_loss
+            bar.update()
+
+            if t.log_interval and step % t.log_interval == 0:
+                images_per_s = t.batch_size * (step - ticked_step) / (time.time() - tick)
+                tick, ticked_step = time.time(), step
+                r.log.log({"train/loss": train_loss, "lr": lr_now, "images_per_s": images_per_s, "epoch": epoch}, step=step)
+                bar.set_postfix(loss=f"{train_loss:.3f}", lr=f"{lr_now:.2e}", img_s=f"{images_per_s:.0f}", refresh=False)
+            # Every process polls at the same batch (a collective under DDP).
+            if r.preempted():  # with `epoch` and `batch`: the requeued run continues from the next batch
+                r.exit_for_requeue(step=step, bar=bar, **extra_state())
+
+        # ---- end of epoch: validation of the model as it is (sparse in a compressed phase) --------
+        val = evaluate(forward_model, val_batches, device=device, dtype=r.dtype, channels_last=channels_last)
+        sparsity = pruning.sparsity_stats(prunable)
+        record = {
+            "epoch": epoch,
+            "phase": phase,
+            "top1": val["top1"],
+            "top5": val["top5"],
+            "val_loss": val["loss"],
+            "train_loss": epoch_loss / steps_per_epoch,
+            "sparsity": sparsity["overall"],
+        }
+        history.append(record)
+        r.log.log(
+            {
+                **{f"val/{k}": v for k, v in record.items()},
+                **{f"sparsity/{name}": s for name, s in sparsity["per_layer"].items()},
+            },
+            step=step,
+        )
+        if r.is_main:
+            log_weight_histogram(r.log, prunable, bins=acdc.histogram_bins, step=step, epoch=epoch)
+            bar.write(
+                f"epoch {epoch:3d} {phase:>12}: train loss {record['train_loss']:.4f}  val top-1 {val['top1']:.4f}  "
+                f"top-5 {val['top5']:.4f}  sparsity {sparsity['overall']:.4f}"
+            )
+        epoch, batch, epoch_loss = epoch + 1, 0, 0.0
+        if (t.checkpoint_interval and epoch % t.checkpoint_interval == 0) or epoch == t.epochs:
+            r.save(step=step, **extra_state())
+    bar.close()
+
+    # ---- the result: the final compressed phase's sparse model ---------------------------------
+    final = history[-1]
+    sparsity = pruning.sparsity_stats(prunable)
+    opt = OmegaConf.to_container(cfg.optimizer, resolve=True)
+    summary = r.finish(
+        {
+            "pipeline": "vit",
+            "model": {
+                "preset": cfg.model.name,
+                **OmegaConf.to_container(cfg.model, resolve=True),
+                "num_classes": len(classes),
+                "parameters": sum(p.numel() for p in model.parameters()),
+                "prunable_parameters": sparsity["numel"],
+            },
+            "optimizer": {
+                **opt,
+                "lr": lr,
+                "base_lr": t.base_lr,
+                "base_batch_size": t.base_batch_size,
+                "min_lr": t.min_lr,
+                "warmup_lr": t.warmup_lr,
+                "warmup_epochs": t.warmup_epochs,
+                "schedule": "linear warm-up, then cosine, per update",
+            },
+            "data": {
+                "name": cfg.data.name,
+                "root": cfg.data.root,
+                "train_images": len(train_set),
+                "val_images": len(val_set),
+                "num_classes": len(classes),
+            },
+            "acdc": {
+                **OmegaConf.to_container(acdc, resolve=True),
+                "prune_epochs": list(schedule.prune_epochs),
+                "restore_epochs": list(schedule.restore_epochs),
+            },
+            "train": {
+                "epochs": t.epochs,
+                "steps": step,
+                "batch_size": t.batch_size,
+                "world_size": dist.world_size,
+                "device": str(device),
+                "precision": str(r.dtype).removeprefix("torch."),
+                "final_train_loss": train_loss,
+                "wall_time_s": r.elapsed_s,
+            },
+            "seed": cfg.seed,
+            "target_sparsity": acdc.sparsity,
+            "measured_sparsity": sparsity["overall"],
+            "top1": final["top1"],
+            "top5": final["top5"],
+            "final_phase": final["phase"],
+            "accuracy_unit": "fraction of the validation images",
+            "per_layer_sparsity": sparsity["per_layer"],
+            "epochs": history,
+        }
+    )
+    if r.is_main:
+        print(
+            f"final sparse model ({cfg.model.name}: {summary['model']['parameters'] / 1e6:.2f}M parameters, "
+            f"{opt['name']}, AC/DC at {acdc.sparsity:.0%}; measured sparsity {sparsity['overall']:.4f} of "
+            f"{sparsity['numel']:,} prunable weights): top-1 {final['top1']:.4f}, top-5 {final['top5']:.4f} "
+            f"on {len(val_set)} validation images"
+        )
+        print(f"run folder: {r.run_dir}")
+    return summary
