@@ -1,13 +1,14 @@
 """The fast path: one fused pass per tensor instead of a chain of elementwise ops.
 
-* Dense float32 tensors on CPU: ``horst._cpu_kernel``, a C kernel called once per param group
-  (``torch.compile``'s CPU code was ~2x ``torch.optim.AdamW(fused=True)`` per tensor, plus
-  ~0.2 ms of call overhead per tensor).
+* Dense float32 tensors on CPU: ``horst._cpu_kernel``, a C kernel called once per batch of
+  tensors that share the step's scalars (``torch.compile``'s CPU code was ~2x
+  ``torch.optim.AdamW(fused=True)`` per tensor, plus ~0.2 ms of call overhead per tensor).
 * Other dense tensors (CUDA, bf16): ``horst.functional.mirror_step_`` compiled by
   ``torch.compile`` into one kernel (Triton on CUDA). Each tensor is passed as a 1-D alias and
   sizes are dynamic, so one compilation serves every parameter of a run (one more per base,
   dtype, order and guard).
-* Tensors without a dense layout shared by all four (param, grad, moments): the plain path.
+* Tensors without a dense layout shared by the parameter, its gradient and its state: the
+  plain path.
 
 Every optimizer of ``horst`` (every base: AdamW, Lion, SGD) takes these paths. Set
 ``HORST_FUSED=0`` (or pass ``fused=False``) for the plain eager path: the same function as the

@@ -13,6 +13,7 @@ import ctypes
 import hashlib
 import os
 import re
+import shutil
 import stat
 from pathlib import Path
 
@@ -199,14 +200,29 @@ def test_ham_nan_guard_on_the_fast_path(fast_path):
 # ------------------------------------------------------------------------------ the kernel's cache
 
 
+@pytest.fixture(scope="module")
+def built_cache(tmp_path_factory):
+    """One build of the kernel into a cache folder (a build takes seconds), copied per test."""
+    folder = tmp_path_factory.mktemp("built") / "cache"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HORST_CACHE_DIR", str(folder))
+        _cpu_kernel.build()
+    return folder
+
+
 @pytest.fixture
-def cache(tmp_path, monkeypatch):
+def cache(tmp_path, monkeypatch, built_cache):
+    """A cache folder holding a sound build (``build()`` returns it without compiling)."""
     folder = tmp_path / "cache"
+    shutil.copytree(built_cache, folder)
+    folder.chmod(0o700)
     monkeypatch.setenv("HORST_CACHE_DIR", str(folder))
     return folder
 
 
-def test_cpu_kernel_build_is_cached(cache):
+def test_cpu_kernel_build_is_cached(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("HORST_CACHE_DIR", str(cache))
     first = _cpu_kernel.build()
     assert first.parent == cache
     built = first.stat().st_mtime_ns
@@ -231,6 +247,7 @@ def _rebuilt_privately(cache: Path, reason: str) -> Path:
 
 def test_cpu_kernel_cache_writable_by_others_is_not_used(cache):
     cached = _cpu_kernel.build()
+    assert cached.parent == cache  # the sound copy is used as it is
     cache.chmod(0o777)
     _rebuilt_privately(cache, "writable by group or others")
     assert cached.exists()
