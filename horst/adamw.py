@@ -59,15 +59,13 @@ class _AdamWBase(MirrorOptimizer):
     def _state_names(self, group: dict[str, Any]) -> tuple[str, ...]:
         return ("exp_avg", "exp_avg_sq")
 
-    def _init_state(self, param: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+    def _prepare(self, param: Tensor, state: dict[str, Any], group: dict[str, Any]) -> int:
         if not state:  # exactly torch.optim.AdamW's state
             state["step"] = torch.tensor(0.0, dtype=torch.float32)
             state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
             state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
         elif not torch.is_tensor(state["step"]):  # older checkpoints hold a number
             state["step"] = torch.tensor(float(state["step"]), dtype=torch.float32)
-
-    def _advance(self, state: dict[str, Any], group: dict[str, Any]) -> int:
         state["step"] += 1
         return int(state["step"].item())
 

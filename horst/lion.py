@@ -73,7 +73,7 @@ class HORSTLion(MirrorOptimizer):
     def _state_names(self, group: dict[str, Any]) -> tuple[str, ...]:
         return ("exp_avg",)
 
-    def _init_state(self, param: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
+    def _prepare(self, param: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
         if "exp_avg" not in state:
             state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
 

@@ -10,7 +10,7 @@ the plain optimizers and of older versions load), and the step loop, which hands
 tensors sharing the step's scalars to the plain or the fast path (``horst._fast_path``).
 
 A base optimizer (``horst.adamw``, ``horst.lion``, ``horst.sgd``) is one subclass that says
-what its state is (``_state_names``, ``_init_state``, ``_advance``), what its step's scalars
+what its state is (``_state_names``, ``_prepare``), what its step's scalars
 are (``_scalars``) and how it descends (``_descend``: a function of ``horst.functional`` form
 and the matching base of the C kernel). The group key ``hyperbolic`` chooses the tensors that
 take the mirror step: ``True``/``False`` for the whole group, ``None`` (default) for HAM's rule,
@@ -58,14 +58,11 @@ class MirrorOptimizer(Optimizer):
         """The tensor state of one parameter, in the order ``_descend``'s function takes it."""
         raise NotImplementedError
 
-    def _init_state(self, param: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
-        """Fills in missing state (lazily, at a parameter's first step)."""
+    def _prepare(self, param: Tensor, state: dict[str, Any], group: dict[str, Any]) -> Any:
+        """Fills in missing state (lazily, at a parameter's first step) and counts the step;
+        returns what, besides the group, sets the step's scalars (AdamW: the step number; SGD:
+        whether the momentum buffer is new). Parameters with equal keys are updated together."""
         raise NotImplementedError
-
-    def _advance(self, state: dict[str, Any], group: dict[str, Any]) -> Any:
-        """Counts the step in ``state``; returns what, besides the group, sets the step's scalars
-        (AdamW: the step number); parameters with equal keys are updated together."""
-        return None
 
     def _scalars(self, group: dict[str, Any], lr: float, key: Any, mirror: tuple[float, ...]) -> Scalars:
         """The step's scalars; ``mirror`` is ``(alpha_u, alpha_g, lr_beta, clip)``."""
@@ -181,8 +178,7 @@ class MirrorOptimizer(Optimizer):
         hyperbolic_params = []
         for param in params:
             state = self.state[param]
-            self._init_state(param, state, group)
-            key = self._advance(state, group)
+            key = self._prepare(param, state, group)
             hyperbolic = param.ndim >= 2 if group["hyperbolic"] is None else group["hyperbolic"]
             if hyperbolic:
                 hyperbolic_params.append(param)

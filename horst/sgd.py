@@ -100,14 +100,12 @@ class HORSTSGD(MirrorOptimizer):
     def _state_names(self, group: dict[str, Any]) -> tuple[str, ...]:
         return ("momentum_buffer",) if group["momentum"] != 0 else ()
 
-    def _init_state(self, param: Tensor, state: dict[str, Any], group: dict[str, Any]) -> None:
-        if group["momentum"] != 0 and state.get("momentum_buffer") is None:
-            state["momentum_buffer"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-            state["_new_buffer"] = True
-
-    def _advance(self, state: dict[str, Any], group: dict[str, Any]) -> bool:
-        """True at a buffer's first step (torch starts the buffer at the direction itself)."""
-        return state.pop("_new_buffer", False)
+    def _prepare(self, param: Tensor, state: dict[str, Any], group: dict[str, Any]) -> bool:
+        """True at a momentum buffer's first step (torch starts the buffer at the direction itself)."""
+        if group["momentum"] == 0 or state.get("momentum_buffer") is not None:
+            return False
+        state["momentum_buffer"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+        return True
 
     def _scalars(self, group: dict[str, Any], lr: float, first: bool, mirror: tuple[float, ...]) -> Scalars:
         alpha_u, alpha_g, lr_beta, clip = mirror
