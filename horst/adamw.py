@@ -13,8 +13,9 @@ With ``u = Adam(g, lr)`` (bias-corrected, lr included):
   normalisation cancels the scale, and with it the sparsity bias.
 * HAM: ``theta_new = theta_half * exp(clamp(lr * (-alpha * sign(theta_half) * g - beta), -5, 5))``
   with the raw gradient ``g`` (Jacobs et al., "Hyperbolic Aware Minimization", ICLR 2026,
-  arXiv 2506.02630), plus the reference implementation's guards: a NaN guard and an optional
-  per-tensor norm cap.
+  arXiv 2506.02630), plus the two guards of the authors' reference wrapper: a NaN guard and a
+  per-tensor norm cap (its value is not public here, so the cap is off unless ``max_norm`` is
+  given).
 
 ``alpha = beta = 0`` is ``torch.optim.AdamW`` bit for bit on the plain path.
 """
@@ -30,9 +31,8 @@ from torch import Tensor
 
 from horst._cpu_kernel import BASE_ADAMW
 from horst.functional import Descend, Scalars, scalars
+from horst.mirror import HAM_EXPONENT_CLIP
 from horst.optimizer import MirrorOptimizer, check_betas, check_non_negative
-
-HAM_EXPONENT_CLIP = 5.0
 
 
 def adamw_descend(

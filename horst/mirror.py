@@ -29,8 +29,6 @@ Float64 tensors (the toy experiment) use ``torch.exp``.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
@@ -45,8 +43,7 @@ EXP_ARG_MIN, EXP_ARG_MAX = -87.0, 88.0
 # the degree-6 Taylor polynomial needs one more multiply-add for 2.4e-7).
 EXP_POLY = (0.4999923177571429, 0.16667114472984093, 0.041890115202198576, 0.008312524894683274)
 
-HAM_EXPONENT_CLIP = 5.0
-NO_CLIP = math.inf
+HAM_EXPONENT_CLIP = 5.0  # HAM clamps the exponent to +-5; HORST does not clamp (inf)
 
 
 def mirror_factor(
