@@ -159,6 +159,10 @@ class MirrorOptimizer(Optimizer):
             for param in params:
                 if param.grad.is_sparse:
                     raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
+                if param.grad.is_complex() != param.is_complex():
+                    raise RuntimeError(
+                        f"{type(self).__name__}: a {param.grad.dtype} gradient for a {param.dtype} parameter"
+                    )
                 if param.grad.shape != param.shape:
                     raise RuntimeError(
                         f"{type(self).__name__}: gradient of shape {tuple(param.grad.shape)} for a parameter "

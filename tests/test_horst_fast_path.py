@@ -3,8 +3,9 @@ float32 on CPU) and the torch.compile kernel (everything else; CUDA's path, chec
 CPU, since no GPU is available), for every base (AdamW, Lion, SGD); the scalar ordering the
 two share; the trust rules of the kernel's build cache, on real files and permissions.
 
-Compiling costs seconds per graph (one per order and dtype), so everything that needs the
-compiled path is checked in this one module.
+Compiling costs seconds per graph (one per base, order, guard and dtype), so everything that
+needs the compiled path is checked in this one module (the ported generic suites run the fast
+path on float32 CPU tensors: the C kernel).
 """
 
 from __future__ import annotations

@@ -130,6 +130,19 @@ def test_errors_sparse_grad_before_any_change(cls, fused):
 
 
 @pytest.mark.parametrize("cls", OPTIMIZERS)
+def test_errors_complex_grad_for_real_param_before_any_change(cls):
+    real, other = Parameter(torch.randn(3, 2)), Parameter(torch.randn(3, 2))
+    other.grad_dtype = None  # torch refuses a complex gradient for a real tensor unless told so
+    optimizer = cls([real, other], fused=False)
+    real.grad = torch.randn(3, 2)
+    other.grad = torch.randn(3, 2, dtype=torch.complex64)
+    before = real.detach().clone()
+    with pytest.raises(RuntimeError, match="complex64 gradient for a torch.float32 parameter"):
+        optimizer.step()
+    assert torch.equal(real, before) and not optimizer.state
+
+
+@pytest.mark.parametrize("cls", OPTIMIZERS)
 def test_errors_invalid_group_value_before_any_change(cls):
     """A group whose value was made invalid after construction fails the step atomically."""
     first, second = Parameter(torch.randn(3, 2)), Parameter(torch.randn(3, 2))
