@@ -64,6 +64,23 @@ def test_missing_or_unfinished_dataset_is_one_clear_error(tmp_path):
         load_split(tmp_path, "train", prepare_command="make-it")
 
 
+@pytest.mark.parametrize(
+    "train_bytes,meta,message",
+    [
+        (b"\0" * 11, '{"train_tokens": 5}', r"train.bin has 11 bytes, not a whole number of uint16 tokens \(cut short\?\); prepare it again with: make-it"),
+        (b"", '{"train_tokens": 0}', r"train.bin holds 0 tokens, fewer than the 34 needed \(one window of model.n_positions \+ 1"),
+        (b"\0" * 20, '{"train_tokens": 10}', r"train.bin holds 10 tokens, fewer than the 34 needed"),
+        (b"\0" * 100, '{"train_tokens": 5', r"meta.json is not valid JSON \(.*\); prepare the dataset again with: make-it"),
+    ],
+)
+def test_damaged_token_files_name_the_file_and_the_fix(tmp_path, train_bytes, meta, message):
+    (tmp_path / "train.bin").write_bytes(train_bytes)
+    (tmp_path / "meta.json").write_text(meta)
+    with pytest.raises(DatasetNotPreparedError, match=message) as error:
+        load_split(tmp_path, "train", prepare_command="make-it", min_tokens=34)
+    assert str(tmp_path) in str(error.value) and "\n" not in str(error.value)
+
+
 def _slimpajama_like(folder: Path) -> dict[str, list[str]]:
     """200 rows with SlimPajama-6B's columns, as train/validation parquet files."""
     rng = np.random.default_rng(0)

@@ -6,6 +6,7 @@ import importlib.util
 import json
 import math
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -181,9 +182,9 @@ def test_ddp_two_processes_match_one_process(pydoc_dir, tmp_path):
         torch.testing.assert_close(actual[name], expected[name], rtol=1e-4, atol=1e-5)
 
 
-def test_non_finite_loss_exits_nonzero_and_keeps_last_good_checkpoint(pydoc_dir, tmp_path, monkeypatch, capsys):
+def test_non_finite_loss_exits_with_the_command_that_recovers_and_that_command_works(pydoc_dir, tmp_path, monkeypatch, capsys):
     run_dir = tmp_path / "run"
-    # alpha * lr = 1e5: the mirror step blows the weights up within a few updates.
+    # alpha * lr = 1e5 after the warm-up: the mirror step blows the weights up within a few updates.
     overrides = tiny_overrides(
         pydoc_dir, "train.lr=1.0", "train.min_lr=0.1", "optimizer.alpha=1e5", "train.checkpoint_interval=1"
     )
@@ -191,13 +192,33 @@ def test_non_finite_loss_exits_nonzero_and_keeps_last_good_checkpoint(pydoc_dir,
     with pytest.raises(SystemExit) as exit_info:
         train_gpt2.main()
     assert exit_info.value.code == NON_FINITE_EXIT_CODE == 4
-    message = capsys.readouterr().err
-    checkpoints = sorted(run_dir.glob("ckpt_*.pt"))
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    checkpoints = sorted(run_dir.glob("ckpt_*.pt"))  # those left after the diverged one was set aside
     assert checkpoints, "expected a checkpoint before the blow-up"
-    assert "training loss is nan" in message or "training loss is inf" in message
+    assert "training loss is nan" in message or "training loss is inf" in message or "weights are not finite" in message
     assert f"Last good checkpoint: {checkpoints[-1]}" in message
-    assert all(torch.isfinite(p).all() for p in final_params(run_dir).values())
+    assert all(torch.isfinite(p).all() for p in final_params(run_dir).values())  # the one it names is good
     assert not (run_dir / "summary.json").exists()
+    stopped_at = int(checkpoints[-1].stem.split("_")[1])
+
+    # What the message says: the same command, a lower lr (alpha), and resume_override.
+    command = message.split("continue from it: ")[1].split(" with the lower value")[0]
+    assert command.startswith("python train_gpt2.py ") and f"hydra.run.dir={run_dir}" in command
+    assert "resume_override=[train.lr]" in message
+    argv = [a for a in shlex.split(command)[1:] if not a.startswith(("train.lr=", "optimizer.alpha="))]
+    monkeypatch.setattr(sys, "argv", [*argv, "train.lr=1e-3", "train.min_lr=1e-4", "optimizer.alpha=10",
+                                      "resume_override=[train.lr,train.min_lr,optimizer.alpha]"])  # fmt: skip
+    train_gpt2.main()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    (change,) = summary["resume_overrides"]
+    assert change == {"step": stopped_at, "changes": {
+        "train.lr": [1.0, 1e-3], "train.min_lr": [0.1, 1e-4], "optimizer.alpha": [1e5, 10.0]}}  # fmt: skip
+    assert summary["optimizer"]["lr"] == 1e-3 and summary["optimizer"]["alpha"] == 10.0  # the config as it ends
+    assert all(math.isfinite(p) for p in summary["ppl"].values())
+    records = read_records(run_dir)
+    assert {"step": stopped_at, "event": "resume_override", "changes": change["changes"]} in records
+    lrs = [r["lr"] for r in records if "lr" in r and r["step"] > stopped_at]
+    assert lrs and max(lrs) <= 1e-3
 
 
 def test_cli_config_error_is_one_line_and_nonzero(tmp_path, monkeypatch, capsys):

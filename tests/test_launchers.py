@@ -194,3 +194,23 @@ def test_a_failed_cell_is_recorded_and_the_sweep_goes_on(pydoc_dir, tmp_path):
     assert record["status"] == "failed" and record["exit_code"] == 2 and record["pipeline"] == "gpt2"
     assert "alpha" in record["reason"] and record["config"]["optimizer"]["alpha"] == -1
     assert [s["optimizer"]["alpha"] for s in summaries(sweep).values()] == [10]  # the next cell ran
+
+
+@pytest.mark.parametrize("mode", ["run", "multirun"])
+def test_a_run_folder_that_cannot_be_written_is_one_line(mode, tmp_path):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(folder)], capture_output=True).returncode:
+        pytest.skip("cannot mount a read-only filesystem here (and root ignores permission bits)")
+    try:
+        key = "hydra.run.dir" if mode == "run" else "hydra.sweep.dir"
+        args = (["-m", "seed=0,1"] if mode == "multirun" else []) + [f"{key}={folder}/out"]
+        environment = {**os.environ, **QUIET_ENV, "PYTHONPATH": str(ROOT)}
+        result = subprocess.run([sys.executable, str(ROOT / "train_gpt2.py"), *args], cwd=ROOT, env=environment,
+                                capture_output=True, text=True, timeout=120)  # fmt: skip
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=True)
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines() == [
+        f"error: {key}={folder}/out cannot be written (Read-only file system); choose a writable folder ({key}=...)"
+    ]

@@ -98,3 +98,54 @@ def test_rng_state_survives_weights_only(tmp_path):
     loaded = load_checkpoint(tmp_path / "rng.pt")
     assert loaded["python"][1] == state["python"][1]
     assert torch.equal(loaded["numpy"]["state"]["key"], state["numpy"]["state"]["key"])
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A real 1 MiB filesystem (tmpfs, mounted here when the machine lets us), or None."""
+    import subprocess
+
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True).returncode:
+        yield None
+        return
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=True)  # lazy: a failed writer may still hold the file
+
+
+def test_full_disk_is_one_line_with_the_space_needed_and_leaves_no_partial_file(small_tmpfs, tmp_path, monkeypatch):
+    state = {"weights": torch.zeros(1024, 1024)}  # 4 MiB: does not fit
+    if small_tmpfs is None:  # no mount here: the error torch's writer raises on a full disk, simulated
+        folder = tmp_path / "full"
+
+        def full_disk(obj, path, *args, **kwargs):
+            open(path, "wb").write(b"\0" * 1024)
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1024 vs 64")
+
+        monkeypatch.setattr(torch, "save", full_disk)
+    else:
+        folder = small_tmpfs
+    save_checkpoint({"small": torch.zeros(4)}, folder / "ckpt_00000001.pt") if small_tmpfs else None
+    with pytest.raises(CheckpointError, match=rf"cannot write checkpoint ckpt_00000002.pt: no space left in {folder} \(about 4.0 MiB needed, .* MiB free\)") as error:
+        save_checkpoint(state, folder / "ckpt_00000002.pt")
+    assert "\n" not in str(error.value)
+    assert not list(folder.glob("*.tmp"))  # the partial file is gone ...
+    if small_tmpfs:
+        assert load_checkpoint(folder / "ckpt_00000001.pt")["small"].shape == (4,)  # ... earlier ones are intact
+
+
+def test_read_only_folder_is_one_line(tmp_path):
+    import subprocess
+
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(folder)], capture_output=True).returncode:
+        pytest.skip("cannot mount a read-only filesystem here (and root ignores permission bits)")
+    try:
+        with pytest.raises(CheckpointError, match=f"{folder} is not writable \\(Read-only file system\\); choose a writable run folder"):
+            save_checkpoint({"x": torch.zeros(2)}, folder / "ckpt_00000001.pt")
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=True)

@@ -73,3 +73,13 @@ def test_wandb_offline_run_is_created_and_continued_on_resume(tmp_path):
     resumed = RunLogger(tmp_path, {"lr": 0.1}, mode="offline", project="horst-test", resume_step=1)
     resumed.close()
     assert (tmp_path / "wandb_id.txt").read_text() == run_id
+
+
+def test_wandb_online_without_an_api_key_is_one_line_with_the_fix(tmp_path, monkeypatch):
+    from training.config import RunError
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.netrc, no wandb settings
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "home" / ".config" / "wandb"))
+    with pytest.raises(RunError, match=r"W&B could not start a online run \(.*API key.*\): run `wandb login` or set WANDB_API_KEY"):
+        RunLogger(tmp_path / "run", {"lr": 0.1}, mode="online", project="horst-test")

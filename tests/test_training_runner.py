@@ -3,19 +3,24 @@ check that lists every changed setting."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from omegaconf import OmegaConf
 
 from training.checkpoint import CheckpointError, checkpoint_path, save_checkpoint
-from training.runner import NonFiniteLossError, Run, config_differences
+from training.config import ConfigError, RunError
+from training.runner import LOCK_FILE, NonFiniteLossError, Run, config_differences, release_run_folder
 from training.schedule import build_lr_scheduler
 
 
 def tiny_run(tmp_path, **changes) -> Run:
     cfg = OmegaConf.create({
         "seed": 0, "device": "cpu", "precision": "fp32", "deterministic": False, "compile": False,
-        "cpu_threads": None, "resume": "auto", "train": {"lr": 0.1, "keep_checkpoints": 2},
+        "cpu_threads": None, "resume": "auto", "resume_override": [], "train": {"lr": 0.1, "keep_checkpoints": 2},
+        "optimizer": {"weight_decay": 0.01},
         "logging": {"project": "p", "mode": "disabled", "name": None, "group": None, "tags": []},
     })  # fmt: skip
     cfg.merge_with(OmegaConf.from_dotlist([f"{k}={v}" for k, v in changes.items()]))
@@ -24,9 +29,10 @@ def tiny_run(tmp_path, **changes) -> Run:
 
 def tracked(run: Run):
     model = torch.nn.Linear(2, 2)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
-    scheduler = build_lr_scheduler(optimizer, total_steps=10, warmup_steps=0, min_lr=0.0)
-    return model, run.restore(model=model, optimizer=optimizer, scheduler=scheduler)
+    groups = [{"params": [model.weight]}, {"params": [model.bias], "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW(groups, lr=run.cfg.train.lr, weight_decay=run.cfg.optimizer.weight_decay)
+    scheduler = build_lr_scheduler(optimizer, total_steps=10, warmup_steps=2, min_lr=0.0)
+    return model, run.restore(model=model, optimizer=optimizer, scheduler=scheduler, lr=run.cfg.train.lr)
 
 
 def test_finite_loss_passes(tmp_path):
@@ -39,9 +45,15 @@ def test_non_finite_loss_names_the_last_good_checkpoint(tmp_path, loss):
     with pytest.raises(NonFiniteLossError, match="Last good checkpoint: none yet") as error:
         run.check_finite(loss, step=3, hint="train.lr")
     assert error.value.step == 3 and error.value.exit_code == 4
-    path = save_checkpoint({"step": 2}, checkpoint_path(tmp_path, 2))
-    with pytest.raises(NonFiniteLossError, match=f"at step 3; .* Last good checkpoint: {path}. Lower train.lr .*hydra.run.dir="):
+    good = save_checkpoint({"step": 1}, checkpoint_path(tmp_path, 1))
+    diverged = save_checkpoint({"step": 2}, checkpoint_path(tmp_path, 2))  # the weights that give the loss of step 3
+    with pytest.raises(NonFiniteLossError, match=(
+        f"at step 3; stopped before updating the weights. ckpt_00000002.pt holds the weights that gave it: kept as "
+        f"ckpt_00000002.pt.diverged. Last good checkpoint: {good}. Lower train.lr and continue from it: "
+        f".*hydra.run.dir={tmp_path} with the lower value and resume_override=\\[train.lr\\]"
+    )):  # fmt: skip
         run.check_finite(loss, step=3, hint="train.lr")
+    assert not diverged.exists() and (tmp_path / "ckpt_00000002.pt.diverged").is_file()
 
 
 def test_non_finite_weights_are_never_checkpointed(tmp_path):
@@ -73,3 +85,54 @@ def test_config_differences_walks_nested_sections():
     new = {"a": 1, "b": {"c": (1, 2), "d": "y"}, "added": 2}
     assert config_differences(old, new) == ["added: <absent> -> 2", "b.d: x -> y", "gone: 1 -> <absent>"]
     assert config_differences(old, new, ignore=("b", "gone", "added")) == []
+
+
+def test_resume_override_puts_the_new_lr_and_hyperparameters_into_effect(tmp_path):
+    run = tiny_run(tmp_path)
+    _, _ = tracked(run)
+    run.save(step=4)
+    run.log.close()
+    release_run_folder(tmp_path)
+    changed = tiny_run(tmp_path, **{"train.lr": 0.05, "optimizer.weight_decay": 0.5,
+                                    "resume_override": "[train.lr,optimizer.weight_decay]"})  # fmt: skip
+    model, state = tracked(changed)
+    optimizer, scheduler = changed._tracked["optimizer"], changed._tracked["scheduler"]
+    # The same point of the schedule as a run started with lr 0.05: warm-up done, cosine at 2 of 8.
+    fresh_optimizer = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters(), lr=0.05)
+    fresh = build_lr_scheduler(fresh_optimizer, total_steps=10, warmup_steps=2, min_lr=0.0)
+    fresh.step_update(4)
+    assert [g["lr"] for g in optimizer.param_groups] == [fresh_optimizer.param_groups[0]["lr"]] * 2
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [0.5, 0.0]  # decay only where there was decay
+    assert changed.resume_overrides == [
+        {"step": 4, "changes": {"train.lr": [0.1, 0.05], "optimizer.weight_decay": [0.01, 0.5]}}
+    ]
+    scheduler.step_update(5)
+    assert optimizer.param_groups[0]["lr"] < fresh_optimizer.param_groups[0]["lr"]  # still on the new cosine
+    changed.save(step=5)  # the history travels with the checkpoints
+    assert torch.load(checkpoint_path(tmp_path, 5), weights_only=True)["resume_overrides"] == changed.resume_overrides
+
+
+def test_resume_override_of_what_shapes_the_run_is_refused(tmp_path):
+    run = tiny_run(tmp_path, resume_override="[seed]")
+    with pytest.raises(ConfigError, match="resume_override has seed: only train.lr, train.base_lr"):
+        tracked(run)
+
+
+def test_a_run_folder_has_one_live_writer(tmp_path):
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from training.runner import lock_run_folder; "
+         f"lock_run_folder(Path({str(tmp_path)!r})); print('locked', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(RunError, match=f"run folder {tmp_path} is in use by pid {holder.pid} on .*; wait for that run"):
+            tiny_run(tmp_path)
+    finally:
+        holder.kill()
+        holder.wait()
+    run = tiny_run(tmp_path)  # the holder died: its lock is taken over
+    assert f"pid {__import__('os').getpid()}" in (tmp_path / LOCK_FILE).read_text()
+    tracked(run)
+    run.finish({})
+    assert not (tmp_path / LOCK_FILE).exists()

@@ -8,6 +8,7 @@ complete, and loaded with `weights_only=True`, so loading never executes pickled
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -52,14 +53,55 @@ def restore_rng_state(state: dict[str, Any], generators: dict[str, torch.Generat
         g.set_state(state["generators"][name])
 
 
+def _tensor_bytes(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in value)
+    return 0
+
+
 def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> Path:
-    """Write `state` to `path` atomically (temporary file in the same folder, then rename)."""
+    """Write `state` to `path` atomically (temporary file in the same folder, then rename).
+
+    A folder that cannot take the file (full disk or quota, read-only, no permission) is a
+    one-line `CheckpointError` naming the folder and the space needed; the partial
+    temporary file is removed, and earlier checkpoints are untouched."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as error:  # torch's writer reports a full disk as a RuntimeError
+        with contextlib.suppress(OSError):  # nothing to remove in a read-only folder
+            tmp.unlink(missing_ok=True)
+        raise CheckpointError(f"cannot write checkpoint {path.name}: {write_problem(path.parent, error, _tensor_bytes(state))}") from None
     return path
+
+
+def write_problem(folder: Path, error: Exception, needed: int) -> str:
+    """One line on why `folder` refused a write of about `needed` bytes, with the fix."""
+    import errno
+    import shutil
+
+    code = getattr(error, "errno", None)
+    if code is None:  # torch's writer: a RuntimeError whose text carries the strerror
+        code = next((c for c in (errno.EROFS, errno.EACCES, errno.ENOSPC) if os.strerror(c) in str(error)), None)
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        free = None
+    if code in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return f"{folder} is not writable ({os.strerror(code)}); choose a writable run folder (hydra.run.dir=...)"
+    if code in (errno.ENOSPC, errno.EDQUOT) or (free is not None and free < needed) or "unexpected pos" in str(error):
+        return (
+            f"no space left in {folder} (about {needed / 2**20:,.1f} MiB needed, "
+            f"{(free or 0) / 2**20:,.1f} MiB free); free space or raise the quota, then rerun to resume"
+        )
+    return f"{folder}: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
 
 
 def load_checkpoint(path: str | os.PathLike, *, map_location: str | torch.device = "cpu") -> dict[str, Any]:

@@ -49,6 +49,24 @@ class RunConfig:
     compile: bool = MISSING  # torch.compile the model
     cpu_threads: Optional[int] = MISSING  # torch intra-op threads; null: torch's default
     resume: Optional[str] = MISSING  # auto: latest checkpoint in the run folder | never | a path
+    resume_override: List[str] = MISSING  # keys whose new values replace the checkpoint's on resume
+
+
+def check_known_keys(node: Mapping[str, Any], schema: type, *, prefix: str = "") -> None:
+    """Refuse keys the schema does not have (added with `+`, which Hydra accepts even in a
+    typed section), naming the closest real key."""
+    import difflib
+    import typing
+
+    fields = typing.get_type_hints(schema)
+    for key in node:
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=1)
+            hint = f"; did you mean {prefix}{close[0]}?" if close else f"; {prefix.rstrip('.') or 'the config'} has {', '.join(fields)}"
+            raise ConfigError(f"{prefix}{key} is not a setting{hint}")
+    for name, kind in fields.items():
+        if dataclasses.is_dataclass(kind) and isinstance(node.get(name), Mapping):
+            check_known_keys(node[name], kind, prefix=f"{prefix}{name}.")
 
 
 def require(condition: bool, message: str) -> None:

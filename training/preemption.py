@@ -53,18 +53,15 @@ class PreemptionGuard:
             flag = bool(tensor.item())
         return flag
 
-    def requeue_or_exit(self, resume_hint: str = "") -> None:
+    def requeue_or_exit(self, continue_command: str = "the same command") -> None:
         """Call after the checkpoint is written: submitit's handler requeues the job; without
-        submitit the process exits with ``PREEMPTED_EXIT_CODE``, printing how to continue
-        (the same command plus ``resume_hint``). Does not return."""
+        submitit the process exits with ``PREEMPTED_EXIT_CODE``, printing the command that
+        continues the run. Does not return."""
         signal.signal(self.signum, self._previous)
         if callable(self._previous):
             log.warning("preempted: checkpoint written, handing over to the requeue handler")
             self._previous(self.signum, None)
-        print(
-            f"preempted: checkpoint written; continue with the same command{' and ' + resume_hint if resume_hint else ''}",
-            file=sys.stderr,
-        )
+        print(f"preempted: checkpoint written; continue with: {continue_command}", file=sys.stderr)
         sys.exit(PREEMPTED_EXIT_CODE)
 
     def close(self) -> None:

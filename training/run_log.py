@@ -17,6 +17,8 @@ from typing import Any, Mapping
 
 import yaml
 
+from training.config import RunError
+
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 CONFIG_FILE = "config.yaml"
@@ -125,17 +127,23 @@ class RunLogger:
 
             # One W&B run per run folder, continued across resumes.
             id_file = self.run_dir / _WANDB_ID_FILE
-            self._wandb = wandb.init(
-                project=project,
-                name=name,
-                group=group,
-                tags=tags,
-                id=id_file.read_text().strip() if id_file.exists() else None,
-                resume="allow",
-                dir=str(self.run_dir),
-                mode=mode,
-                config={**_jsonable(dict(config)), "git_commit": self.commit},
-            )
+            try:
+                self._wandb = wandb.init(
+                    project=project,
+                    name=name,
+                    group=group,
+                    tags=tags,
+                    id=id_file.read_text().strip() if id_file.exists() else None,
+                    resume="allow",
+                    dir=str(self.run_dir),
+                    mode=mode,
+                    config={**_jsonable(dict(config)), "git_commit": self.commit},
+                )
+            except (wandb.errors.UsageError, wandb.errors.CommError, wandb.errors.AuthenticationError) as error:
+                raise RunError(
+                    f"W&B could not start a {mode} run ({str(error).splitlines()[0]}): run `wandb login` or set "
+                    "WANDB_API_KEY, or log offline (logging.mode=offline) and upload later with `wandb sync`"
+                ) from None
             id_file.write_text(self._wandb.id)
 
     def log(self, metrics: Mapping[str, Any], *, step: int) -> None:

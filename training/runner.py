@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shlex
 import sys
 import time
 import traceback
@@ -42,13 +44,18 @@ from training.checkpoint import (
     save_checkpoint,
     training_state,
 )
-from training.config import RunError
+from training.config import ConfigError, RunError
 from training.distributed import barrier, broadcast_object, init_distributed, shutdown_distributed
 from training.env import autocast_dtype, device_type, seed_everything, select_device
 from training.preemption import PreemptionGuard
 from training.run_log import FAILED_FILE, RunLogger, git_commit, write_json_atomic
 
 NON_FINITE_EXIT_CODE = 4  # a run stopped by a non-finite loss (preemption's is 3)
+LOCK_FILE = ".lock"  # one live writer per run folder (`lock_run_folder`)
+_held_locks: dict[Path, Any] = {}  # run folders this process holds, by resolved path
+_continue_command: str | None = None  # set by `hydra_task`: the command line that continues this run
+# What `resume_override` may change on resume, and how the new value reaches the live objects.
+OVERRIDABLE = ("train.lr", "train.base_lr", "train.min_lr", "optimizer.")
 
 # Settings that may change when a run is continued: they do not change what is trained.
 RESUMABLE_CHANGES = ("resume", "logging", "device", "compile", "cpu_threads")
@@ -58,6 +65,77 @@ class NonFiniteLossError(RunError):
     """The training loss became NaN or infinite; the weights were not updated with it."""
 
     exit_code = NON_FINITE_EXIT_CODE
+
+
+def _dotted(config: Mapping[str, Any], key: str) -> Any:
+    for part in key.split("."):
+        config = config.get(part) if isinstance(config, Mapping) else None
+    return config
+
+
+def _apply_overrides(changes: Mapping[str, list], *, optimizer: torch.optim.Optimizer, scheduler: Any, lr: float) -> None:
+    """Put the new values of a resume into the restored optimizer and LR schedule."""
+    for key, (_, new) in changes.items():
+        if key in ("train.lr", "train.base_lr"):  # the schedule's peak: every group's base value
+            scheduler.base_values = [lr for _ in scheduler.base_values]
+            if scheduler.warmup_t:
+                scheduler.warmup_steps = [(v - scheduler.warmup_lr_init) / scheduler.warmup_t for v in scheduler.base_values]
+            for group in optimizer.param_groups:
+                group["initial_lr"] = lr
+        elif key == "train.min_lr":
+            scheduler.lr_min = new
+        else:  # optimizer.<hyperparameter>, in the groups that have it (decay only where there is decay)
+            name = key.removeprefix("optimizer.")
+            for group in optimizer.param_groups:
+                if name in group and not (name == "weight_decay" and group[name] == 0):
+                    group[name] = tuple(new) if isinstance(group[name], tuple) else new
+
+
+def lock_run_folder(run_dir: Path) -> None:
+    """Make this process the run folder's one writer, or stop with a one-line `RunError`.
+
+    An advisory `flock` on `<run_dir>/.lock`: the kernel releases it when its process dies, so
+    a lock left by a killed run is taken over (with a note) and a live one is refused. The
+    file says who holds it. A process that already holds it (a run restarted in-process)
+    keeps it."""
+    import fcntl
+    import socket
+
+    key = run_dir.resolve()
+    if key in _held_locks:
+        return
+    path = run_dir / LOCK_FILE
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a+")
+    except OSError as error:
+        raise RunError(f"cannot use run folder {run_dir}: {error.strerror}; choose a writable one (hydra.run.dir=...)") from None
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        owner = handle.read().strip() or "another process"
+        handle.close()
+        raise RunError(
+            f"run folder {run_dir} is in use by {owner}; wait for that run to end, or choose another folder "
+            "(hydra.run.dir=...)"
+        ) from None
+    handle.seek(0)
+    previous = handle.read().strip()
+    if previous:
+        tqdm.write(f"note: took over {path} from {previous}, which is no longer running")
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+    handle.flush()
+    _held_locks[key] = handle
+
+
+def release_run_folder(run_dir: Path) -> None:
+    handle = _held_locks.pop(run_dir.resolve(), None)
+    if handle is not None:
+        (run_dir / LOCK_FILE).unlink(missing_ok=True)
+        handle.close()
 
 
 def config_differences(old: Mapping[str, Any], new: Mapping[str, Any], *, ignore: Iterable[str] = ()) -> list[str]:
@@ -91,6 +169,8 @@ class Run:
         self.device = select_device(cfg.device, local_rank=self.dist.local_rank)
         # Each process's Hydra may pick its own time-stamped folder; all use the main process's.
         self.run_dir = Path(broadcast_object(str(run_dir)))
+        if self.is_main:
+            lock_run_folder(self.run_dir)
         self.dtype = autocast_dtype(cfg.precision, self.device)
         seed_everything(cfg.seed, deterministic=cfg.deterministic)
         if cfg.cpu_threads:
@@ -98,6 +178,8 @@ class Run:
         self.preemption = PreemptionGuard()  # SLURM's pre-timeout signal: checkpoint, then requeue
         self.log: RunLogger | None = None
         self.elapsed_before = 0.0  # wall time of the runs this one continues
+        self.resume_overrides: list[dict] = []  # settings changed on resume: step and (old, new) values
+        self.continue_command = _continue_command or f"the same command with hydra.run.dir={self.run_dir}"
         self._tracked: dict[str, Any] = {}
 
     @property
@@ -115,6 +197,7 @@ class Run:
         optimizer: torch.optim.Optimizer,
         scheduler: Any,
         generators: dict[str, torch.Generator] | None = None,
+        lr: float,
         may_change: Iterable[str] = (),
         check: Callable[[dict, Path], None] | None = None,
         position: Callable[[dict], str] = lambda state: f"step {state['step']}",
@@ -124,24 +207,47 @@ class Run:
         Returns the checkpoint's other entries (`step` and the pipeline's extras), or None
         for a fresh start. A checkpoint written with other settings than `RESUMABLE_CHANGES`
         and the pipeline's `may_change` is refused, naming every differing key; `check` adds
-        the pipeline's own conditions; `position` says where the run continues."""
+        the pipeline's own conditions; `position` says where the run continues.
+
+        The keys listed in `resume_override` (the learning rate, `train.min_lr`, optimizer
+        hyperparameters; e.g. after a non-finite loss) take their new values: `lr` is the
+        run's peak lr as configured now. The change and its step are logged and kept in the
+        checkpoints and the summary."""
         self._tracked = dict(model=model, optimizer=optimizer, scheduler=scheduler, generators=generators)
+        overrides = list(self.cfg.resume_override)
+        for key in overrides:
+            if not key.startswith(OVERRIDABLE) or key in ("optimizer.name", "optimizer._target_", "optimizer._partial_"):
+                raise ConfigError(
+                    f"resume_override has {key}: only train.lr, train.base_lr, train.min_lr and optimizer "
+                    "hyperparameters can change when a run continues"
+                )
         path = resolve_resume(self.cfg.resume, self.run_dir)
         state = None
         if path is not None:
             state = load_checkpoint(path, map_location=self.device)
-            differences = config_differences(state["config"], self.config, ignore=RESUMABLE_CHANGES + tuple(may_change))
+            ignore = RESUMABLE_CHANGES + tuple(may_change) + ("resume_override", *overrides)
+            differences = config_differences(state["config"], self.config, ignore=ignore)
             if differences:
                 raise CheckpointError(
                     f"{path} was written with other settings ({'; '.join(differences)}); rerun with its settings, "
+                    "list the keys to change in resume_override=[...] (learning rate and optimizer settings only), "
                     "or start a new run folder (hydra.run.dir=...) or resume=never"
                 )
             if check is not None:
                 check(state, path)
+            changes = {
+                key: [old, new]
+                for key in overrides
+                if (old := _dotted(state["config"], key)) != (new := _dotted(self.config, key))
+            }
             state = restore_training_state(
                 state, model=model, optimizer=optimizer, scheduler=scheduler, generators=generators
             )
             self.elapsed_before = state.get("elapsed_s", 0.0)
+            self.resume_overrides = list(state.get("resume_overrides", []))
+            if changes:
+                _apply_overrides(changes, optimizer=optimizer, scheduler=scheduler, lr=lr)
+                self.resume_overrides.append({"step": state["step"], "changes": changes})
             scheduler.step_update(state["step"])
         logging = self.cfg.logging
         self.log = RunLogger(
@@ -151,6 +257,10 @@ class Run:
         )  # fmt: skip
         if state and self.is_main:
             tqdm.write(f"resumed from {path} at {position(state)}")
+            if self.resume_overrides and self.resume_overrides[-1]["step"] == state["step"]:
+                changes = self.resume_overrides[-1]["changes"]
+                self.log.log({"event": "resume_override", "changes": changes}, step=state["step"])
+                tqdm.write("changed on resume: " + "; ".join(f"{k}: {a} -> {b}" for k, (a, b) in changes.items()))
         return state
 
     def save(self, *, step: int, **extra: Any) -> None:
@@ -165,26 +275,41 @@ class Run:
             path = checkpoint_path(self.run_dir, step)
             self.log.checkpoint(path, step=step)  # before the file: a resume from it always finds its marker
             state = training_state(
-                **self._tracked, step=step, config=self.config, elapsed_s=self.elapsed_s, **extra
+                **self._tracked, step=step, config=self.config, elapsed_s=self.elapsed_s,
+                resume_overrides=self.resume_overrides, **extra,
             )  # fmt: skip
             save_checkpoint(state, path)
             prune_old_checkpoints(self.run_dir, keep=self.cfg.train.keep_checkpoints)
         barrier()
 
     def check_finite(self, loss: float, *, step: int, hint: str) -> None:
-        """Stop before the update if the loss (the one all processes agree on) is NaN or inf."""
+        """Stop before the update if the loss (the one all processes agree on) is NaN or inf.
+
+        The checkpoint of step - 1, if any, holds the very weights that gave this loss: it is
+        set aside as `*.pt.diverged` (kept, but never resumed from), so the last good
+        checkpoint is the newest one left."""
         if not math.isfinite(loss):
+            diverged = checkpoint_path(self.run_dir, step - 1)
+            note = ""
+            if self.is_main and diverged.exists():
+                diverged.rename(diverged.with_name(diverged.name + ".diverged"))
+                note = f"{diverged.name} holds the weights that gave it: kept as {diverged.name}.diverged. "
+            barrier()
             error = NonFiniteLossError(
                 f"training loss is {loss} at step {step}; stopped before updating the weights. "
-                f"{self._recovery_hint(hint)}"
+                f"{note}{self._recovery_hint(hint)}"
             )
             error.step = step
             raise error
 
     def _recovery_hint(self, hint: str = "train.lr") -> str:
         last = latest_checkpoint(self.run_dir)
-        return f"Last good checkpoint: {last or 'none yet'}. Lower {hint} and rerun" + (
-            f" with hydra.run.dir={self.run_dir} (resume=auto continues from that checkpoint)" if last else ""
+        if last is None:
+            return f"Last good checkpoint: none yet. Lower {hint} and start again"
+        key = hint.split()[0]
+        return (
+            f"Last good checkpoint: {last}. Lower {hint} and continue from it: {self.continue_command} "
+            f"with the lower value and resume_override=[{key}]"
         )
 
     def preempted(self) -> bool:
@@ -192,27 +317,50 @@ class Run:
         so every process must ask at the same step)."""
         return self.preemption.requested()
 
-    def exit_for_requeue(self, *, step: int, bar: tqdm | None = None, **extra: Any) -> None:
-        """Checkpoint, then hand over to submitit's requeue (or exit with code 3). Does not return."""
-        self.save(step=step, **extra)
+    def exit_for_requeue(self, *, step: int, bar: tqdm | None = None, save: bool = True, **extra: Any) -> None:
+        """Checkpoint (unless `save=False`: the checkpoint of `step` exists), then hand over to
+        submitit's requeue (or exit with code 3). Does not return."""
+        if save:
+            self.save(step=step, **extra)
         if bar is not None:
             bar.close()
         self.log.close()
-        self.preemption.requeue_or_exit(resume_hint=f"hydra.run.dir={self.run_dir}")
+        self.preemption.requeue_or_exit(continue_command=self.continue_command)
 
     def finish(self, summary: Mapping[str, Any]) -> dict[str, Any]:
         """Write `summary.json`, close the log and the signal handler; returns the summary."""
         self.preemption.close()
-        data = self.log.summary({**summary, "wall_time_s": self.elapsed_s})
+        data = self.log.summary({**summary, "wall_time_s": self.elapsed_s, "resume_overrides": self.resume_overrides})
         self.log.close()
         if self.is_main:
             (self.run_dir / FAILED_FILE).unlink(missing_ok=True)  # an earlier failure of this cell, now done
+            release_run_folder(self.run_dir)
         return data
 
 
-class SweepReport(Callback):
-    """At the end of a multirun, one line per failed cell (its `failed.json`) and exit
-    status 1 if any failed: the sweep ran every cell, and the shell still learns of failures."""
+class RunCallbacks(Callback):
+    """Hydra callbacks of both entry points (`hydra.callbacks` in their configs).
+
+    Before Hydra creates the run (or sweep) folder: a folder that cannot be written is one
+    line and exit status 2, not a traceback from Hydra's `mkdir`. At the end of a multirun:
+    one line per failed cell (its `failed.json`) and exit status 1 if any failed; the sweep
+    ran every cell, and the shell still learns of the failures."""
+
+    @staticmethod
+    def _check_writable(folder: Path, key: str) -> None:
+        probe = folder / f".write_probe_{os.getpid()}"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            probe.write_text("")
+            probe.unlink()
+        except OSError as error:
+            sys.exit(f"error: {key}={folder} cannot be written ({error.strerror}); choose a writable folder ({key}=...)")
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._check_writable(Path(config.hydra.run.dir), "hydra.run.dir")
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._check_writable(Path(config.hydra.sweep.dir), "hydra.sweep.dir")
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         failed = sorted(Path(config.hydra.sweep.dir).glob(f"*/{FAILED_FILE}"))
@@ -232,9 +380,12 @@ def hydra_task(task: Callable[..., dict], cfg: DictConfig) -> dict | None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
+    global _continue_command
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    overrides = [o for o in hydra_cfg.overrides.task if not o.startswith(("hydra.run.dir=", "resume_override="))]
+    _continue_command = shlex.join(["python", f"{hydra_cfg.job.config_name}.py", *overrides, f"hydra.run.dir={run_dir}"])
     try:
         return task(cfg, run_dir=run_dir)
     except RunError as error:
@@ -248,6 +399,7 @@ def hydra_task(task: Callable[..., dict], cfg: DictConfig) -> dict | None:
         traceback.print_exc()
         reason, exit_code, step = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}", 1, None
     finally:
+        _continue_command = None
         shutdown_distributed()
     record = {
         "pipeline": hydra_cfg.job.config_name.removeprefix("train_"),

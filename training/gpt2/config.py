@@ -10,7 +10,7 @@ from typing import List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig
 
-from training.config import RunConfig, require, validate_run, validate_sparsities
+from training.config import RunConfig, check_known_keys, require, validate_run, validate_sparsities
 from training.optim import check_optimizer
 
 
@@ -83,6 +83,8 @@ def validate(cfg: DictConfig, *, world_size: int) -> None:
         cfg.model.get("arch") == "gpt2",
         f"model={cfg.model.get('name')} is not a GPT-2 preset; use model=gpt2_small, gpt2_tiny or gpt2_nano",
     )
+    check_known_keys(cfg, GPT2RunConfig)
+    check_known_keys(cfg.model, GPT2ModelConfig, prefix="model.")
     validate_run(cfg)
     m, t = cfg.model, cfg.train
     for key in ("n_layer", "n_head", "n_embd", "n_positions"):

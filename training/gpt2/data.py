@@ -104,13 +104,31 @@ def prepare_pydoc(folder: str | os.PathLike, *, val_fraction: float = 0.1, seed:
     return meta
 
 
-def load_split(folder: str | os.PathLike, split: str, *, prepare_command: str) -> np.memmap:
-    """The token memmap of `split`; a missing or unfinished dataset names `prepare_command`."""
+def load_split(folder: str | os.PathLike, split: str, *, prepare_command: str, min_tokens: int = 2) -> np.memmap:
+    """The token memmap of `split`; a missing, unfinished or damaged dataset (a file that is
+    not whole uint16 tokens, fewer than `min_tokens`, a `meta.json` that is not JSON) is a
+    one-line `DatasetNotPreparedError` naming the file and `prepare_command`."""
     folder = Path(folder)
     path = folder / SPLIT_FILES[split]
     if not (folder / META_FILE).is_file() or not path.is_file():
         raise DatasetNotPreparedError(f"no prepared tokens at {path}; prepare them with: {prepare_command}")
-    meta = json.loads((folder / META_FILE).read_text())
+    try:
+        meta = json.loads((folder / META_FILE).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise DatasetNotPreparedError(
+            f"{folder / META_FILE} is not valid JSON ({error}); prepare the dataset again with: {prepare_command}"
+        ) from None
+    size = path.stat().st_size
+    if size % 2:
+        raise DatasetNotPreparedError(
+            f"{path} has {size} bytes, not a whole number of uint16 tokens (cut short?); prepare it again with: "
+            f"{prepare_command}"
+        )
+    if size // 2 < min_tokens:
+        raise DatasetNotPreparedError(
+            f"{path} holds {size // 2} tokens, fewer than the {min_tokens} needed (one window of model.n_positions "
+            f"+ 1 for training); use a larger dataset or a shorter context, or prepare it again with: {prepare_command}"
+        )
     tokens = np.memmap(path, dtype=np.uint16, mode="r")
     expected = meta.get(f"{split}_tokens")
     if expected is not None and len(tokens) != expected:
@@ -148,7 +166,7 @@ class RandomWindows:
         return windows[:, :-1], windows[:, 1:]
 
 
-def load_data(data_cfg, *, is_main: bool) -> tuple[np.memmap, np.memmap]:
+def load_data(data_cfg, *, context: int, is_main: bool) -> tuple[np.memmap, np.memmap]:
     """The train and validation token streams of `data.dir`; the embedded pydoc set is
     tokenized there on first use (by the main process, a few seconds, no download)."""
     from training.distributed import barrier
@@ -159,4 +177,5 @@ def load_data(data_cfg, *, is_main: bool) -> tuple[np.memmap, np.memmap]:
             prepare_pydoc(folder)
         barrier()
     command = f"rm -r {folder} and rerun" if data_cfg.name == "pydoc" else PREPARE_SLIMPAJAMA.format(dir=folder)
-    return load_split(folder, "train", prepare_command=command), load_split(folder, "val", prepare_command=command)
+    train = load_split(folder, "train", prepare_command=command, min_tokens=context + 2)
+    return train, load_split(folder, "val", prepare_command=command)

@@ -72,11 +72,13 @@ def evaluate_lm(
     return {"loss": loss, "ppl": math.exp(loss), "tokens": int(count), "windows": len(starts), "context": context}
 
 
-def one_shot_pruning(model: torch.nn.Module, prune_cfg, evaluate) -> dict:
+def one_shot_pruning(model: torch.nn.Module, prune_cfg, evaluate, *, before_each=lambda: None) -> dict:
     """Prune a copy of `model` at each of `prune.sparsities` by magnitude (no retraining) and
-    evaluate it with `evaluate(model)` on the same validation windows."""
+    evaluate it with `evaluate(model)` on the same validation windows; `before_each()` runs
+    before each sparsity (the pipeline's preemption check)."""
     results = []
     for sparsity in prune_cfg.sparsities:
+        before_each()
         pruned = copy.deepcopy(model)
         weights = pruning.prunable_parameters(pruned, prune_cfg.preset)
         if sparsity > 0:

@@ -39,8 +39,8 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
     r = Run(cfg, run_dir, validate=validate)
     dist, device, t = r.dist, r.device, cfg.train
 
-    train_tokens, val_tokens = load_data(cfg.data, is_main=r.is_main)
     context = cfg.model.n_positions
+    train_tokens, val_tokens = load_data(cfg.data, context=context, is_main=r.is_main)
     batches = RandomWindows(train_tokens, context=context, seed=cfg.seed)
 
     model = build_model(cfg.model).to(device)
@@ -50,7 +50,7 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
         optimizer, total_steps=t.max_steps, warmup_steps=t.warmup_steps, min_lr=t.min_lr, warmup_lr=t.warmup_lr
     )
     state = r.restore(
-        model=model, optimizer=optimizer, scheduler=scheduler, generators={"batches": batches.generator},
+        model=model, optimizer=optimizer, scheduler=scheduler, generators={"batches": batches.generator}, lr=t.lr,
         may_change=MAY_CHANGE_ON_RESUME,
     )  # fmt: skip
     step, train_loss = (state["step"], state["train_loss"]) if state else (0, float("nan"))
@@ -127,7 +127,13 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
     r.log.write_json("weight_histogram.json", histogram)
 
     # ---- one-shot magnitude pruning of copies of the trained model, perplexity of each -----
-    evaluation = one_shot_pruning(model, cfg.prune, lambda m: evaluate(m, max_windows=cfg.eval.max_windows))
+    def stop_if_preempted() -> None:  # the final checkpoint exists: a requeued run redoes this evaluation
+        if r.preempted():
+            r.exit_for_requeue(step=step, save=False)
+
+    evaluation = one_shot_pruning(
+        model, cfg.prune, lambda m: evaluate(m, max_windows=cfg.eval.max_windows), before_each=stop_if_preempted
+    )
     for p in evaluation["results"]:
         r.log.log({f"prune/ppl@{p['sparsity']:g}": p["ppl"], f"prune/loss@{p['sparsity']:g}": p["val_loss"]}, step=step)
 

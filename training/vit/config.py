@@ -12,7 +12,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig
 
 import pruning
-from training.config import ConfigError, RunConfig, require, validate_run
+from training.config import ConfigError, RunConfig, check_known_keys, require, validate_run
 from training.optim import check_optimizer
 
 
@@ -132,6 +132,8 @@ def validate(cfg: DictConfig, *, world_size: int) -> None:
         f"model={m.get('name')} is not a ViT preset; use model=deit_tiny, deit_small, deit_base, "
         "vit_digits or vit_nano",
     )
+    check_known_keys(cfg, ViTRunConfig)
+    check_known_keys(m, ViTModelConfig, prefix="model.")
     require(timm.is_model(m.timm_name), f"model.timm_name={m.timm_name!r} is not a timm model")
     for key in ("img_size", "patch_size", "embed_dim", "depth", "num_heads"):
         require(m[key] > 0, f"model.{key}={m[key]} must be positive")

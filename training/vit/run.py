@@ -108,7 +108,7 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
         return f"{at} ({schedule.phase(min(epoch, t.epochs - 1))} phase)"
 
     state = r.restore(
-        model=model, optimizer=optimizer, scheduler=scheduler, may_change=MAY_CHANGE_ON_RESUME, check=check,
+        model=model, optimizer=optimizer, scheduler=scheduler, lr=lr, may_change=MAY_CHANGE_ON_RESUME, check=check,
         position=position,
     )  # fmt: skip
     # `batch`: batches of `epoch` done; `epoch_loss`: the sum of their (mean over processes) losses.
