@@ -229,12 +229,15 @@ def test_cli_config_error_is_one_line_and_nonzero(tmp_path, monkeypatch, capsys)
     assert capsys.readouterr().err.strip().splitlines()[-1] == "error: train.lr=-1.0 must be positive"
 
 
-def test_resume_refuses_a_checkpoint_of_another_optimizer(pydoc_dir, tmp_path):
+def test_resume_refuses_a_checkpoint_of_another_optimizer_or_model_before_loading_it(pydoc_dir, tmp_path):
     run_dir = tmp_path / "run"
     run(compose_cfg(tiny_overrides(pydoc_dir, "train.max_steps=4")), run_dir=run_dir)
     other = compose_cfg(tiny_overrides(pydoc_dir, "train.max_steps=8", "optimizer=adamw"))
     with pytest.raises(CheckpointError, match=r"other settings \(.*optimizer.name: horst -> adamw; .*train.max_steps: 4 -> 8\)"):
         run(other, run_dir=run_dir)
+    wider = compose_cfg(tiny_overrides(pydoc_dir, "train.max_steps=4", "model.n_embd=64"))  # weights would not fit
+    with pytest.raises(CheckpointError, match=r"other settings \(model.n_embd: 32 -> 64\)"):
+        run(wider, run_dir=run_dir)
 
 
 def test_missing_dataset_names_the_prepare_command(tmp_path):

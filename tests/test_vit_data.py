@@ -179,3 +179,46 @@ def test_ddp_repeated_augmentation_and_sharded_validation():
     assert max(np.bincount(seen[0] + seen[1])) <= 3
     shards = [[i for _, idx in eval_loader(_Indices(), batch_size=7, rank=r, world_size=3, num_workers=0, pin_memory=False) for i in idx.tolist()] for r in range(3)]  # fmt: skip
     assert sorted(sum(shards, [])) == list(range(40))
+
+
+def _corrupt_jpeg(path) -> None:
+    """A real JPEG cut off after its first 200 bytes, as a failed copy leaves it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (64, 64), (10, 200, 30)).save(path, format="JPEG")
+    path.write_bytes(path.read_bytes()[:200])
+
+
+def test_a_corrupt_image_is_named_or_skipped_and_listed(imagenet_root, tmp_path):
+    from training.vit.data import CorruptImageError, build_datasets, skipped_images
+
+    bad = imagenet_root / "train" / "n01440764" / "broken.JPEG"
+    _corrupt_jpeg(bad)
+    data = {"name": "imagefolder", "root": str(imagenet_root), "skip_corrupt": False}
+    train, _, _ = build_datasets(data, train_transform=None, eval_transform=None)
+    index = [p for p, _ in train.samples].index(str(bad))
+    with pytest.raises(CorruptImageError, match=f"{bad} cannot be read as an image .*data.skip_corrupt=true"):
+        train[index]
+    log = tmp_path / "skipped.txt"
+    train, _, _ = build_datasets({**data, "skip_corrupt": True}, train_transform=None, eval_transform=None, skipped_log=log)
+    image, target = train[index]  # the next readable image of the folder, with its own label
+    next_path, next_target = train.samples[(index + 1) % len(train.samples)]
+    assert target == next_target and image.size == Image.open(next_path).size
+    train[index]
+    assert skipped_images(log) == [str(bad)]  # listed, counted once
+
+
+def test_check_imagefolder_script_finds_every_unreadable_file(imagenet_root):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "check_imagefolder.py"
+    scan = lambda: subprocess.run([sys.executable, str(script), str(imagenet_root), "--workers", "2"],  # noqa: E731
+                                  capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert scan().returncode == 0
+    _corrupt_jpeg(imagenet_root / "val" / "n01443537" / "cut.JPEG")
+    (imagenet_root / "train" / "n01440764" / "notes.JPEG").write_text("not an image")
+    result = scan()
+    assert result.returncode == 1
+    assert "cut.JPEG: OSError" in result.stdout and "notes.JPEG: UnidentifiedImageError" in result.stdout
+    assert "2 of 6 files cannot be read" in result.stdout

@@ -301,3 +301,25 @@ def test_ddp_two_processes_with_repeated_augmentation(imagenet_root, tmp_path):
     numel = summary["model"]["prunable_parameters"]
     assert summary["measured_sparsity"] == math.floor(0.8 * numel) / numel
     assert [e["phase"] for e in summary["epochs"]] == EXPECTED_PHASES
+
+
+def test_a_corrupt_image_is_one_line_naming_it_or_skipped_and_counted(imagenet_root, tmp_path, monkeypatch, capsys):
+    import shutil
+
+    root = tmp_path / "imagenet"
+    shutil.copytree(imagenet_root, root)
+    bad = root / "train" / CLASSES[0] / "broken.JPEG"
+    Image.new("RGB", (20, 20)).save(bad, format="JPEG")
+    bad.write_bytes(bad.read_bytes()[:100])  # cut short, as a failed copy leaves it
+    # Loaded in a DataLoader worker (data.num_workers=1): the error still names the file, in one line.
+    monkeypatch.setattr(sys, "argv", ["train_vit.py", *deit_overrides(root), f"hydra.run.dir={tmp_path / 'run'}"])
+    with pytest.raises(SystemExit) as exit_info:
+        train_vit.main()
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    (line,) = [line for line in err.splitlines() if "error" in line.lower()]  # the progress bar aside
+    assert line.startswith(f"error: {bad} cannot be read as an image") and "data.skip_corrupt=true" in line
+    assert "Traceback" not in err
+
+    summary = run(_compose(deit_overrides(root, "data.skip_corrupt=true")), run_dir=tmp_path / "skipping")
+    assert summary["data"]["skipped_images"] == [str(bad)]

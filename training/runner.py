@@ -390,7 +390,9 @@ def hydra_task(task: Callable[..., dict], cfg: DictConfig) -> dict | None:
         return task(cfg, run_dir=run_dir)
     except RunError as error:
         reason, exit_code, step = str(error), error.exit_code, getattr(error, "step", None)
-        print(f"error: {reason}", file=sys.stderr)
+        if "Original Traceback" in reason:  # re-raised from a DataLoader worker: the original message
+            reason = reason.strip().splitlines()[-1].split(": ", 1)[-1]
+        tqdm.write(f"error: {reason}", file=sys.stderr)  # below any progress bar still on screen
         if not multirun:
             sys.exit(exit_code)
     except Exception as error:

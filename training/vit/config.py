@@ -37,6 +37,7 @@ class ImageDataConfig:
     num_workers: int = MISSING  # DataLoader workers per process
     pin_memory: bool = MISSING  # on CUDA
     repeated_aug: int = MISSING  # repeats per image and epoch under DDP (RepeatAugSampler); 1: off
+    skip_corrupt: bool = MISSING  # imagefolder: replace unreadable images by the next one and count them
 
 
 @dataclasses.dataclass

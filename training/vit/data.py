@@ -32,6 +32,10 @@ IMAGENET_LAYOUT = (
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
+class CorruptImageError(RunError):
+    """An image file that cannot be decoded; the message names it and the fixes."""
+
+
 class DataLayoutError(RunError):
     """A data root that cannot be read as the configured dataset; one line, with the fix."""
 
@@ -101,16 +105,56 @@ def check_imagefolder_root(root: str | None) -> list[str]:
     return classes["train"]
 
 
-def _image_folder(folder: Path, transform: Callable):
+def read_image(path: str) -> Image.Image:
+    """The image at `path` as RGB, fully decoded (a truncated file fails here, not later)."""
+    with open(path, "rb") as f:
+        image = Image.open(f)
+        image.load()
+        return image.convert("RGB")
+
+
+def _image_folder(folder: Path, transform: Callable, *, skip_corrupt: bool, skipped_log: Path | None):
     from torchvision.datasets import ImageFolder
 
+    class CheckedImageFolder(ImageFolder):
+        """torchvision's ImageFolder whose unreadable images are named in the error or, with
+        `data.skip_corrupt=true`, replaced by the next readable image of the folder (so the
+        batch keeps its size and a resumed run skips the same files) and listed in
+        `skipped_log`, one path a line."""
+
+        def __getitem__(self, index: int):
+            for offset in range(len(self.samples)):
+                path, target = self.samples[(index + offset) % len(self.samples)]
+                try:
+                    image = read_image(path)
+                except (OSError, SyntaxError, ValueError) as error:  # what Pillow raises for bad files
+                    if not skip_corrupt:
+                        raise CorruptImageError(
+                            f"{path} cannot be read as an image ({type(error).__name__}: {error}); remove or replace "
+                            "it, or set data.skip_corrupt=true to skip such files; scripts/check_imagefolder.py "
+                            "finds them all before a job starts"
+                        ) from None
+                    if skipped_log is not None:
+                        with open(skipped_log, "a") as log:  # one short append per file: safe from many workers
+                            log.write(f"{path}\n")
+                    continue
+                return (self.transform(image) if self.transform else image), target
+            raise CorruptImageError(f"{folder}: no image in it can be read")
+
     try:
-        return ImageFolder(str(folder), transform=transform)
+        return CheckedImageFolder(str(folder), transform=transform)
     except FileNotFoundError as error:  # a class folder without any image
         raise DataLayoutError(f"{folder}: {str(error).splitlines()[0]}; {IMAGENET_LAYOUT}") from None
 
 
-def build_datasets(data: Mapping[str, Any], *, train_transform: Callable, eval_transform: Callable):
+def skipped_images(skipped_log: Path) -> list[str]:
+    """The distinct files `data.skip_corrupt` skipped, as listed in `skipped_log`."""
+    return sorted(set(skipped_log.read_text().splitlines())) if skipped_log.exists() else []
+
+
+def build_datasets(
+    data: Mapping[str, Any], *, train_transform: Callable, eval_transform: Callable, skipped_log: Path | None = None
+):
     """`(train, val, class names)` for `data.name` digits or imagefolder."""
     if data["name"] == "digits":
         train = DigitsDataset("train", val_fraction=data["val_fraction"], transform=train_transform)
@@ -118,7 +162,12 @@ def build_datasets(data: Mapping[str, Any], *, train_transform: Callable, eval_t
         return train, val, train.classes
     classes = check_imagefolder_root(data["root"])
     root = Path(data["root"]).expanduser()
-    return _image_folder(root / "train", train_transform), _image_folder(root / "val", eval_transform), classes
+    skip = bool(data.get("skip_corrupt", False))
+    return (
+        _image_folder(root / "train", train_transform, skip_corrupt=skip, skipped_log=skipped_log),
+        _image_folder(root / "val", eval_transform, skip_corrupt=skip, skipped_log=skipped_log),
+        classes,
+    )
 
 
 # ---- transforms ------------------------------------------------------------------------------

@@ -31,13 +31,15 @@ from training.run_log import RunLogger
 from training.runner import Run
 from training.schedule import build_lr_scheduler
 from training.vit.config import acdc_schedule, scaled_lr, validate
-from training.vit.data import TrainLoader, build_datasets, build_mixup, build_transforms, epoch_seed, eval_loader
+from training.vit.data import (
+    TrainLoader, build_datasets, build_mixup, build_transforms, epoch_seed, eval_loader, skipped_images,
+)  # fmt: skip
 from training.vit.model import build_model, evaluate
 
 # May differ when a run is continued: they change what is logged or how fast, not what is trained.
-MAY_CHANGE_ON_RESUME = ("data.root", "data.num_workers", "data.pin_memory", "train.eval_batch_size",
-                        "train.log_interval", "train.checkpoint_interval", "train.keep_checkpoints",
-                        "acdc.histogram_bins")  # fmt: skip
+MAY_CHANGE_ON_RESUME = ("data.root", "data.num_workers", "data.pin_memory", "data.skip_corrupt",
+                        "train.eval_batch_size", "train.log_interval", "train.checkpoint_interval",
+                        "train.keep_checkpoints", "acdc.histogram_bins")  # fmt: skip
 
 
 def log_weight_histogram(log: RunLogger, weights: dict, *, bins: int, step: int, epoch: int) -> None:
@@ -57,7 +59,10 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
 
     # ---- data: the same timm pipeline for ImageNet and the digits ----------------------------
     train_transform, eval_transform = build_transforms(cfg.aug, img_size=cfg.model.img_size)
-    train_set, val_set, classes = build_datasets(cfg.data, train_transform=train_transform, eval_transform=eval_transform)
+    skipped_log = r.run_dir / "skipped_images.txt"  # data.skip_corrupt: the unreadable images met
+    train_set, val_set, classes = build_datasets(
+        cfg.data, train_transform=train_transform, eval_transform=eval_transform, skipped_log=skipped_log
+    )
     mixup, criterion = build_mixup(cfg.aug, num_classes=len(classes))
     pin_memory = cfg.data.pin_memory and device.type == "cuda"
     train_batches = TrainLoader(
@@ -240,6 +245,7 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
                 "train_images": len(train_set),
                 "val_images": len(val_set),
                 "num_classes": len(classes),
+                "skipped_images": skipped_images(skipped_log),
             },
             "acdc": {
                 **OmegaConf.to_container(acdc, resolve=True),
