@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from ._checks import check_weights
-from .magnitude import magnitude_masks
+from .one_shot import one_shot_masks
 
 
 class Sparsifier:
@@ -38,9 +38,12 @@ class Sparsifier:
     nothing, so they can be called every step in every phase.
     """
 
-    def __init__(self, weights: Mapping[str, Tensor]):
+    def __init__(self, weights: Mapping[str, Tensor], *, input_dims: Mapping[str, int] | None = None):
         check_weights(weights)
         self.weights = dict(weights)
+        # The input dimension of each weight, for N:M patterns (pruning.input_dims(model,
+        # weights)); None: 1 for every weight (nn.Linear [out, in], as in timm's ViT).
+        self.input_dims = dict(input_dims) if input_dims is not None else {name: 1 for name in self.weights}
         self.masks: dict[str, Tensor] = {}
         self._pruned: dict[str, Tensor] = {}  # ~mask, kept to avoid inverting every step
 
@@ -48,10 +51,16 @@ class Sparsifier:
     def is_sparse(self) -> bool:
         return bool(self.masks)
 
-    def prune(self, sparsity: float, *, scope: str = "global") -> dict[str, Tensor]:
+    def prune(self, sparsity: float, *, scope: str = "global", pattern: str = "unstructured") -> dict[str, Tensor]:
         """Compute masks from the current magnitudes (from scratch, ignoring any previous
-        mask), zero the pruned weights and return the masks."""
-        masks = magnitude_masks(self.weights, sparsity, scope=scope)
+        mask), zero the pruned weights and return the masks.
+
+        ``pattern="unstructured"``: the smallest ``sparsity`` fraction, over all weights
+        (``scope="global"``) or per weight (``"layerwise"``). ``pattern="n:m"`` (e.g.
+        ``"2:4"``): the n largest |w| of every m consecutive inputs are kept
+        (:func:`pruning.nm_masks` along ``input_dims``); ``sparsity`` must then be 1 - n/m
+        and ``scope`` does not apply."""
+        masks = one_shot_masks(self.weights, sparsity=sparsity, scope=scope, pattern=pattern, dim=self.input_dims)
         self.set_masks(masks)
         return masks
 
