@@ -10,7 +10,9 @@ from typing import List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig
 
-from training.config import RunConfig, check_known_keys, require, validate_run, validate_sparsities
+import pruning
+
+from training.config import ConfigError, RunConfig, check_known_keys, require, validate_run, validate_sparsities
 from training.optim import check_optimizer
 
 
@@ -58,9 +60,22 @@ class LMEvalConfig:
 
 @dataclasses.dataclass
 class OneShotPruneConfig:
-    sparsities: List[float] = MISSING
-    scope: str = MISSING  # layerwise (the paper) | global
+    sparsities: List[float] = MISSING  # for the unstructured pattern; 0.0 evaluates the dense model
+    scope: str = MISSING  # magnitude/unstructured: layerwise (the paper) | global
     preset: str = MISSING  # pruning.PRESETS key: the block matrices
+    methods: List[str] = MISSING  # magnitude (the paper) | wanda
+    patterns: List[str] = MISSING  # unstructured | "n:m" such as "2:4" (one row at sparsity 1 - n/m)
+    calibration_windows: int = MISSING  # Wanda: random training windows of model.n_positions tokens
+    calibration_seed: int = MISSING  # the generator of those windows
+
+
+@dataclasses.dataclass
+class ExportConfig:
+    enabled: bool = MISSING  # write one pruned model as a transformers folder at the end of the run
+    sparsity: float = MISSING  # for the unstructured pattern
+    method: str = MISSING  # magnitude | wanda
+    pattern: str = MISSING  # unstructured | "n:m"
+    dir: Optional[str] = MISSING  # null: <run folder>/export
 
 
 @dataclasses.dataclass
@@ -69,6 +84,7 @@ class GPT2RunConfig(RunConfig):
     train: LMTrainConfig = MISSING
     eval: LMEvalConfig = MISSING
     prune: OneShotPruneConfig = MISSING
+    export: ExportConfig = MISSING
 
 
 def register_configs() -> None:
@@ -111,3 +127,24 @@ def validate(cfg: DictConfig, *, world_size: int) -> None:
     require(len(cfg.prune.sparsities) > 0, "prune.sparsities is empty; list at least one (0.0 evaluates the dense model)")
     validate_sparsities(cfg.prune.sparsities, key="prune.sparsities")
     require(cfg.prune.scope in ("layerwise", "global"), f"prune.scope={cfg.prune.scope!r} is unknown; use layerwise or global")
+    validate_pruning(cfg.prune, cfg.export, n_embd=m.n_embd)
+
+
+def validate_pruning(p: DictConfig, e: DictConfig, *, n_embd: int) -> None:
+    """The one-shot pruning methods and patterns (`prune`) and the export switch (`export`)."""
+    for key, values in (("prune.methods", p.methods), ("prune.patterns", p.patterns)):
+        require(len(values) > 0, f"{key} is empty; list at least one")
+    for key, method in [*(("prune.methods", v) for v in p.methods), ("export.method", e.method)]:
+        require(method in pruning.METHODS, f"{key} has {method!r}: choose from {', '.join(pruning.METHODS)}")
+    for key, pattern in [*(("prune.patterns", v) for v in p.patterns), ("export.pattern", e.pattern)]:
+        try:
+            nm = pruning.parse_pattern(pattern)
+        except ValueError as error:
+            raise ConfigError(f"{key}: {error}") from None
+        require(
+            nm is None or n_embd % nm[1] == 0,
+            f"{key} has {pattern!r}: groups of {nm and nm[1]} must tile model.n_embd={n_embd} (every matrix's inputs)",
+        )
+    if "wanda" in p.methods or e.method == "wanda":
+        require(p.calibration_windows > 0, f"prune.calibration_windows={p.calibration_windows} must be positive for wanda")
+    require(0 <= e.sparsity < 1, f"export.sparsity={e.sparsity} must be in [0, 1)")
