@@ -3,7 +3,7 @@
     python bench/optimizer_step.py [--rounds 5] [--steps 3] [--device cpu]
 
 124M fp32 parameters with random gradients. The optimizers are timed in interleaved rounds
-(in rotating order) in one process, so machine noise hits all of them alike; the table reports
+(in a new random order each round) in one process, so machine noise hits all of them alike; the table reports
 the median seconds per step and the ratio to each one's baseline (the median over rounds of
 the ratio within a round), the target being <= 1.10 on the fast path (on CPU: the C kernel of ``horst/_cpu_kernel.c``):
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import random
 import statistics
 import subprocess
 import time
@@ -86,10 +87,14 @@ def main() -> None:
 
     times: dict[str, list[float]] = {name: [] for name in optimizers}
     names = list(optimizers)
-    for round_ in range(args.rounds):
-        # rotate the order every round: whoever runs after foreach AdamW (which leaves the
-        # caches full of dirty lines) would otherwise always pay for it
-        for name in names[round_ % len(names):] + names[: round_ % len(names)]:
+    shuffler = random.Random(0)
+    for _ in range(args.rounds):
+        # a new random order every round: whoever runs right after a foreach optimizer (which
+        # leaves the caches full of dirty lines) pays for it, and a rotation keeps neighbours
+        # together (the optimizer listed after foreach AdamW would always pay)
+        order = names.copy()
+        shuffler.shuffle(order)
+        for name in order:
             optimizer = optimizers[name]
             synchronize(device)
             start = time.perf_counter()
