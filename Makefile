@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: demo test test-all bench venv clean
+.PHONY: demo test test-all bench gpu-check venv clean
 
 venv: $(STAMP)
 
@@ -34,6 +34,10 @@ bench: $(STAMP)
 	$(PY) bench/optimizer_step.py | tee results/bench/optimizer_step.txt
 	$(PY) bench/pruning.py | tee results/bench/pruning.txt
 	$(PY) bench/train_step.py --threads 1 | tee results/bench/train_step.txt
+
+# On a GPU machine: every CUDA path once (<= 8 min), report in results/bench/gpu.md
+gpu-check: $(STAMP)
+	$(PY) bench/gpu_check.py
 
 clean:
 	rm -rf $(VENV) outputs multirun .pytest_cache

