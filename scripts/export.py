@@ -14,7 +14,7 @@ tokens (the run's data.dir must still exist; Wanda also reads its training token
 ViT (`--to timm`): the final checkpoint of a completed AC/DC run, the final compressed
 phase's sparse model, as it is: OUT/model.safetensors and timm's config.json:
 `timm.create_model(NAME, pretrained=True, pretrained_cfg_overlay=dict(file=...), ...)` or
-`timm.create_model("local-dir:OUT")`. `--sparsity` does not apply.
+`timm.create_model("local-dir:OUT", pretrained=True)`. `--sparsity` does not apply.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ safetensors folder for ViT, each with a model card (README.md).
   pruned as the pipeline's one-shot evaluation prunes (`training.gpt2.evaluate.prune_copy`).
 * ViT: `model.safetensors` and timm's `config.json`, loadable with
   `timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=..., num_classes=N), ...)`
-  or `timm.create_model("local-dir:" + out)`. The final checkpoint of a completed AC/DC run
-  is the final compressed phase's sparse model: exported as it is.
+  or `timm.create_model("local-dir:" + out, pretrained=True)`. The final checkpoint of a
+  completed AC/DC run is the final compressed phase's sparse model: exported as it is.
 
 Weights are written in float32: pruned entries stay exact zeros. `export_run` rebuilds a
 model from a run folder (`scripts/export.py`); `export_gpt2` is also the end-of-run switch
@@ -108,7 +108,7 @@ def export_vit(model: torch.nn.Module, cfg, out: str | Path, *, num_classes: int
     """Save the timm `model` (already sparse) as `out/model.safetensors` with timm's
     `config.json` and a model card."""
     from safetensors.torch import save_file
-    from timm.models import save_config_for_hf
+    from timm.models._hub import save_config_for_hf
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -283,6 +283,6 @@ the final compressed phase's sparse model.
 import timm
 model = timm.create_model("{facts['timm_name']}", pretrained=True, num_classes={facts['num_classes']}, {args},
                           pretrained_cfg_overlay=dict(file="PATH/model.safetensors", num_classes={facts['num_classes']}))
-# or: timm.create_model("local-dir:PATH")
+# or: timm.create_model("local-dir:PATH", pretrained=True)
 ```
 """

@@ -1,0 +1,146 @@
+"""Exported models load with the libraries' own loaders and give the run's numbers:
+GPT-2 -> transformers folder (end-of-run switch and scripts/export.py), ViT -> timm
+safetensors. Real tiny runs, real loaders, offline."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import pruning
+from tests.test_gpt2_pipeline import compose_cfg, pydoc_dir, tiny_overrides  # noqa: F401 (pydoc_dir: a fixture)
+from tests.test_vit_pipeline import _compose as compose_vit_cfg
+from tests.test_vit_pipeline import deit_overrides, imagenet_root  # noqa: F401 (imagenet_root: a fixture)
+from training.export import export_run
+from training.gpt2.data import gpt2_tokenizer, load_data
+from training.gpt2.evaluate import evaluate_lm
+
+EXPORT_SCRIPT = pytest.importorskip("scripts.export")
+
+
+@pytest.fixture(scope="module")
+def gpt2_run(pydoc_dir, tmp_path_factory):  # noqa: F811
+    """A tiny GPT-2 run evaluating magnitude and Wanda, unstructured and 2:4, exporting Wanda 2:4."""
+    from training.gpt2.run import run
+
+    run_dir = tmp_path_factory.mktemp("gpt2_run")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    overrides = tiny_overrides(
+        pydoc_dir, "prune.methods=[magnitude,wanda]", "prune.patterns=[unstructured,2:4]", "prune.calibration_windows=8",
+        "export.enabled=true", "export.method=wanda", "export.pattern=2:4", "logging.mode=disabled",
+    )  # fmt: skip
+    summary = run(compose_cfg(overrides), run_dir=run_dir)
+    torch.set_num_threads(threads)
+    _, val = load_data(compose_cfg(overrides).data, context=32, is_main=True)
+    return summary, run_dir, val
+
+
+def loaded_ppl(folder, val) -> tuple[float, torch.nn.Module]:
+    from transformers import GPT2LMHeadModel
+
+    model = GPT2LMHeadModel.from_pretrained(folder)
+    result = evaluate_lm(model, val, context=32, batch_size=16, device=torch.device("cpu"), max_windows=64)
+    return result["ppl"], model
+
+
+def test_end_of_run_export_loads_with_transformers_and_gives_the_runs_perplexity(gpt2_run):
+    summary, run_dir, val = gpt2_run
+    folder = run_dir / "export"
+    ppl, model = loaded_ppl(folder, val)
+    assert ppl == pytest.approx(summary["ppl"]["wanda@2:4"], rel=1e-4)
+    for name, weight in pruning.prunable_parameters(model, "gpt2").items():  # 2:4 along Conv1D inputs, exact zeros
+        assert ((weight.view(-1, 4, weight.shape[1]) != 0).sum(1) == 2).all(), name
+    card = (folder / "README.md").read_text()
+    for fact in ("wanda", "2:4", "horst", "pydoc", "measured 0.5000", f"{summary['ppl']['wanda@2:4']:.2f}", "commit"):
+        assert fact in card, fact
+    assert (folder / "model.safetensors").is_file()
+
+
+def test_exported_tokenizer_loads_offline_and_matches_gpt2s(gpt2_run):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gpt2_run[1] / "export")
+    text = "def f(x):\n    return x <|endoftext|>"
+    assert tokenizer(text)["input_ids"] == gpt2_tokenizer()(text)["input_ids"]
+    assert tokenizer.eos_token_id == 50256
+
+
+def test_script_exports_a_run_at_a_sparsity_with_exact_zeros(gpt2_run, tmp_path, capsys):
+    summary, run_dir, val = gpt2_run
+    out = tmp_path / "magnitude50"
+    assert EXPORT_SCRIPT.main([str(run_dir), str(out), "--sparsity", "0.5", "--to", "hf"]) == 0
+    assert "measured sparsity 0.5000" in capsys.readouterr().out
+    ppl, model = loaded_ppl(out, val)
+    assert ppl == pytest.approx(summary["ppl"]["0.5"], rel=1e-4)
+    stats = pruning.sparsity_stats(pruning.prunable_parameters(model, "gpt2"))
+    assert stats["overall"] == 0.5
+    # A sparsity the run did not evaluate is evaluated at export, on the run's validation windows.
+    facts = export_run(run_dir, tmp_path / "magnitude70", to="hf", sparsity=0.7)
+    assert facts["source"] == "evaluated at export"
+    assert loaded_ppl(tmp_path / "magnitude70", val)[0] == pytest.approx(facts["ppl"], rel=1e-4)
+
+
+def test_script_refuses_the_wrong_format_and_a_missing_sparsity_in_one_line(gpt2_run, tmp_path, capsys):
+    run_dir = str(gpt2_run[1])
+    assert EXPORT_SCRIPT.main([run_dir, str(tmp_path / "a"), "--to", "timm"]) == 2
+    assert "is a gpt2 run: export it with --to hf" in capsys.readouterr().err
+    assert EXPORT_SCRIPT.main([run_dir, str(tmp_path / "b"), "--to", "hf"]) == 2
+    assert "needs --sparsity" in capsys.readouterr().err
+    assert EXPORT_SCRIPT.main([str(tmp_path), str(tmp_path / "c"), "--to", "hf"]) == 2
+    assert "no checkpoint" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def vit_run(imagenet_root, tmp_path_factory):  # noqa: F811
+    from training.vit.run import run
+
+    run_dir = tmp_path_factory.mktemp("vit_run")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HORST_FUSED", "0")
+        summary = run(compose_vit_cfg(deit_overrides(imagenet_root, "logging.mode=disabled")), run_dir=run_dir)
+    torch.set_num_threads(threads)
+    return summary, run_dir
+
+
+def test_vit_export_loads_with_timm_and_gives_the_runs_accuracy(vit_run, tmp_path):
+    import timm
+
+    from training.vit.data import build_datasets, build_transforms, eval_loader
+    from training.vit.model import evaluate
+
+    summary, run_dir = vit_run
+    out = tmp_path / "vit"
+    facts = export_run(run_dir, out, to="timm")
+    cfg = compose_vit_cfg(deit_overrides(summary["data"]["root"]))
+    m = cfg.model
+    model = timm.create_model(
+        m.timm_name, pretrained=True, num_classes=3, img_size=m.img_size, patch_size=m.patch_size,
+        embed_dim=m.embed_dim, depth=m.depth, num_heads=m.num_heads,
+        pretrained_cfg_overlay=dict(file=str(out / "model.safetensors"), num_classes=3),
+    )  # fmt: skip
+    _, eval_transform = build_transforms(cfg.aug, img_size=m.img_size)
+    _, val_set, _ = build_datasets(cfg.data, train_transform=eval_transform, eval_transform=eval_transform)
+    loader = eval_loader(val_set, batch_size=8, rank=0, world_size=1, num_workers=0, pin_memory=False)
+    result = evaluate(model, loader, device=torch.device("cpu"), dtype=torch.float32)
+    assert result["top1"] == pytest.approx(summary["top1"], rel=1e-4) and result["top5"] == pytest.approx(summary["top5"], rel=1e-4)
+    assert result["loss"] == pytest.approx(summary["epochs"][-1]["val_loss"], rel=1e-4)  # sharper than this easy top-1
+    weights = pruning.prunable_parameters(model, "vit")
+    assert pruning.sparsity_stats(weights)["overall"] == summary["measured_sparsity"] == facts["measured_sparsity"]
+    # timm's own folder format loads too (config.json + model.safetensors).
+    local = timm.create_model(f"local-dir:{out}", pretrained=True)
+    assert all(torch.equal(a, b) for a, b in zip(local.state_dict().values(), model.state_dict().values()))
+    card = (out / "README.md").read_text()
+    assert f"top-1 {summary['top1']:.4f}" in card and "AC/DC" in card and summary["optimizer"]["name"] in card
+    assert json.loads((out / "config.json").read_text())["num_classes"] == 3
+
+
+def test_vit_export_refuses_a_sparsity(vit_run, tmp_path):
+    from training.config import RunError
+
+    with pytest.raises(RunError, match="already sparse"):
+        export_run(vit_run[1], tmp_path / "x", to="timm", sparsity=0.5)
