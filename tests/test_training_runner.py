@@ -24,7 +24,7 @@ def tiny_run(tmp_path, **changes) -> Run:
         "logging": {"project": "p", "mode": "disabled", "name": None, "group": None, "tags": []},
     })  # fmt: skip
     cfg.merge_with(OmegaConf.from_dotlist([f"{k}={v}" for k, v in changes.items()]))
-    return Run(cfg, tmp_path, validate=lambda cfg, world_size: None)
+    return Run(cfg, tmp_path, validate=lambda cfg, world_size: None, pipeline="test", title="tiny")
 
 
 def tracked(run: Run):
@@ -48,7 +48,7 @@ def test_non_finite_loss_names_the_last_good_checkpoint(tmp_path, loss):
     good = save_checkpoint({"step": 1}, checkpoint_path(tmp_path, 1))
     diverged = save_checkpoint({"step": 2}, checkpoint_path(tmp_path, 2))  # the weights that give the loss of step 3
     with pytest.raises(NonFiniteLossError, match=(
-        f"at step 3; stopped before updating the weights. ckpt_00000002.pt holds the weights that gave it: kept as "
+        f"at step 3; stopped before the next checkpoint. ckpt_00000002.pt holds the weights that gave it: kept as "
         f"ckpt_00000002.pt.diverged. Last good checkpoint: {good}. Lower train.lr and continue from it: "
         f".*hydra.run.dir={tmp_path} with the lower value and resume_override=\\[train.lr\\]"
     )):  # fmt: skip

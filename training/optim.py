@@ -7,7 +7,8 @@ arguments; that is the one place optimizer settings are validated (a bad value o
 unknown key becomes a one-line `ConfigError`).
 
 Param groups follow the usual transformer recipe: decoupled weight decay on tensors with
->= 2 dimensions only (not on biases and norm gains). `hyperbolic_params` (mirror-step
+>= 2 dimensions only (not on biases and norm gains), and not on what the model's timm-style
+`no_weight_decay()` names (DeiT's position embedding and class token). `hyperbolic_params` (mirror-step
 optimizers only) chooses which tensors take the mirror step (docs/design.md §2.1): `all_2d`
 (every tensor with >= 2 dims, HAM's rule; for GPT-2 this includes the tied token embedding)
 or `prunable` (only the tensors that will be pruned), passed as the `hyperbolic` group key.
@@ -33,12 +34,16 @@ def param_groups(
     weight_decay: float,
     hyperbolic_names: Collection[str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Split parameters by (weight decay, hyperbolic); `hyperbolic_names=None` adds no key."""
+    """Split parameters by (weight decay, hyperbolic); `hyperbolic_names=None` adds no key.
+
+    Tensors with >= 2 dims are decayed except those the model exempts with timm's
+    `no_weight_decay()` (a ViT's `pos_embed` and `cls_token`, as DeiT trains them)."""
+    exempt = set(model.no_weight_decay()) if hasattr(model, "no_weight_decay") else set()
     groups: dict[tuple[bool, bool | None], list[torch.nn.Parameter]] = {}
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
-        decay = param.ndim >= 2
+        decay = param.ndim >= 2 and name not in exempt
         hyperbolic = None if hyperbolic_names is None else name in hyperbolic_names
         groups.setdefault((decay, hyperbolic), []).append(param)
     result = []

@@ -3,6 +3,13 @@
 The JSONL file and `summary.json` are always written (in the run folder, by the main
 process); W&B mirrors them. W&B's mode comes from the config when it sets one, else from
 the `WANDB_MODE` environment variable, else `offline` (works with no account or network).
+
+What W&B gets, so that a run reads at a glance: a name (the experiment in short form), a
+group (the sweep), a job type (the pipeline) and tags; metrics under `train/`, `val/`,
+`prune/`, `sparsity/`, `perf/` (numbers only: strings and raw lists stay in the JSONL file);
+epoch-based metrics on an `epoch` axis (`define_metric`); histograms and tables through
+`log_histogram` and `log_table` (with a line plot); and `summary.json` with the final
+tables as an artifact.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
+import numpy as np
 import yaml
 
 from training.config import RunError
@@ -50,6 +58,43 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
     return value
+
+
+def environment() -> dict[str, Any]:
+    """What a result was computed with: library versions, devices, host, threads."""
+    import importlib.metadata
+    import platform
+    import socket
+
+    import torch
+
+    versions = {}
+    for package in ("torch", "timm", "transformers", "datasets", "hydra-core", "wandb", "numpy"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
+    cuda = torch.cuda.is_available()
+    return {
+        "versions": {**versions, "python": platform.python_version(), "cuda": torch.version.cuda,
+                     "cudnn": torch.backends.cudnn.version() if cuda else None},
+        "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else [],
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_threads": torch.get_num_threads(),
+        "host": socket.gethostname(),
+    }  # fmt: skip
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def optimizer_label(optimizer: Mapping[str, Any]) -> str:
+    """`horst(a=100,b=1)`: the optimizer and the hyperparameters that tell its runs apart."""
+    keys = [("alpha", "a"), ("beta", "b")] + ([("order", "order")] if optimizer.get("order", "ms") != "ms" else [])
+    values = ",".join(f"{short}={optimizer[key]:g}" if key != "order" else f"order={optimizer[key]}"
+                      for key, short in keys if key in optimizer)  # fmt: skip
+    return f"{optimizer['name']}({values})" if values else optimizer["name"]
 
 
 def _records_until(metrics: Path, step: int) -> list[str]:
@@ -102,6 +147,8 @@ class RunLogger:
         name: str | None = None,
         group: str | None = None,
         tags: list[str] | None = None,
+        job_type: str | None = None,
+        epoch_metrics: tuple[str, ...] = (),
         mode: str | None = None,
         resume_step: int | None = None,
     ) -> None:
@@ -133,6 +180,7 @@ class RunLogger:
                     name=name,
                     group=group,
                     tags=tags,
+                    job_type=job_type,
                     id=id_file.read_text().strip() if id_file.exists() else None,
                     resume="allow",
                     dir=str(self.run_dir),
@@ -145,15 +193,42 @@ class RunLogger:
                     "WANDB_API_KEY, or log offline (logging.mode=offline) and upload later with `wandb sync`"
                 ) from None
             id_file.write_text(self._wandb.id)
+            if epoch_metrics:  # charted against the epoch, not the update count
+                self._wandb.define_metric("epoch")
+                for pattern in epoch_metrics:
+                    self._wandb.define_metric(pattern, step_metric="epoch")
 
-    def log(self, metrics: Mapping[str, Any], *, step: int) -> None:
+    def log(self, metrics: Mapping[str, Any], *, step: int, to_wandb: bool = True) -> None:
         if not self.enabled:
             return
         record = {"step": step, "time": time.time(), **_jsonable(metrics)}
         self._metrics.write(json.dumps(record) + "\n")
         self._metrics.flush()
+        if self._wandb is not None and to_wandb:
+            numbers = {k: v for k, v in record.items() if k not in ("step", "time") and _is_number(v)}
+            self._wandb.log(numbers, step=step)
+
+    def log_histogram(self, key: str, counts: Any, edges: Any, *, step: int) -> None:
+        """A histogram for W&B (the JSONL file keeps counts and edges where the caller logs them)."""
         if self._wandb is not None:
-            self._wandb.log(dict(metrics), step=step)
+            import wandb
+
+            self._wandb.log({key: wandb.Histogram(np_histogram=(np.asarray(counts), np.asarray(edges)))}, step=step)
+
+    def log_table(self, key: str, rows: list[Mapping[str, Any]], *, step: int, plot: tuple[str, str, str] | None = None) -> None:
+        """Rows (dicts with the same keys) as a W&B table, and with `plot=(x, y, title)` a line
+        plot of y against x beside it."""
+        if self._wandb is None or not rows:
+            return
+        import wandb
+
+        columns = list(rows[0])
+        table = wandb.Table(columns=columns, data=[[_jsonable(r[c]) for c in columns] for r in rows])
+        entries = {key: table}
+        if plot is not None:
+            x, y, title = plot
+            entries[f"{key}_plot"] = wandb.plot.line(table, x, y, title=title)
+        self._wandb.log(entries, step=step)
 
     def checkpoint(self, path: str | os.PathLike, *, step: int) -> None:
         """Mark the checkpoint of `step` (the resume point in the log). Call it just before
@@ -176,12 +251,22 @@ class RunLogger:
             path.write_text(text)
         return path
 
-    def summary(self, data: Mapping[str, Any]) -> dict[str, Any]:
-        """Write `summary.json` (final metrics, self-describing), mirror it to W&B, return it."""
-        data = _jsonable({**data, "git_commit": self.commit, "run_dir": str(self.run_dir.resolve())})
-        if self._wandb is not None:
-            self._wandb.summary.update(data)
+    def summary(self, data: Mapping[str, Any], *, files: tuple[str, ...] = ()) -> dict[str, Any]:
+        """Write `summary.json` (final metrics, self-describing), mirror it to W&B's summary, and
+        log it with the run folder's `files` (the final tables) as a W&B artifact; return it."""
+        data = _jsonable(
+            {**data, "git_commit": self.commit, "environment": environment(), "run_dir": str(self.run_dir.resolve())}
+        )
         self.write_json(SUMMARY_FILE, data)
+        if self._wandb is not None:
+            import wandb
+
+            self._wandb.summary.update(data)
+            artifact = wandb.Artifact(f"results-{self._wandb.id}", type="results", description="summary.json and tables")
+            for name in (SUMMARY_FILE, *files):
+                if (self.run_dir / name).is_file():
+                    artifact.add_file(str(self.run_dir / name))
+            self._wandb.log_artifact(artifact)
         return data
 
     def close(self, *, exit_code: int = 0) -> None:

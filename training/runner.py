@@ -54,6 +54,7 @@ NON_FINITE_EXIT_CODE = 4  # a run stopped by a non-finite loss (preemption's is 
 LOCK_FILE = ".lock"  # one live writer per run folder (`lock_run_folder`)
 _held_locks: dict[Path, Any] = {}  # run folders this process holds, by resolved path
 _continue_command: str | None = None  # set by `hydra_task`: the command line that continues this run
+_sweep: str | None = None  # set by `hydra_task` in a multirun: the sweep folder's name, the runs' W&B group
 # What `resume_override` may change on resume, and how the new value reaches the live objects.
 OVERRIDABLE = ("train.lr", "train.base_lr", "train.min_lr", "optimizer.")
 
@@ -160,8 +161,24 @@ def config_differences(old: Mapping[str, Any], new: Mapping[str, Any], *, ignore
 class Run:
     """One training run's shared machinery; see the module docstring."""
 
-    def __init__(self, cfg: DictConfig, run_dir: str | Path, *, validate: Callable[..., None]) -> None:
+    def __init__(
+        self,
+        cfg: DictConfig,
+        run_dir: str | Path,
+        *,
+        validate: Callable[..., None],
+        pipeline: str,
+        title: str,
+        tags: Iterable[str] = (),
+        epoch_metrics: tuple[str, ...] = (),
+        lr_key: str = "train.lr",
+    ) -> None:
+        """`pipeline` is W&B's job type, `title` the run's short name (unless `logging.name`
+        sets one), `tags` its W&B tags besides `logging.tags`; `epoch_metrics` are charted
+        against the epoch; `lr_key` is the setting a non-finite loss asks to lower."""
         self.started = time.time()
+        self.lr_key = lr_key
+        self.pipeline, self.title, self.tags, self.epoch_metrics = pipeline, title, list(tags), epoch_metrics
         self.dist = init_distributed(device_type(cfg.device))
         validate(cfg, world_size=self.dist.world_size)
         self.cfg = cfg
@@ -176,6 +193,9 @@ class Run:
         if cfg.cpu_threads:
             torch.set_num_threads(cfg.cpu_threads)
         self.preemption = PreemptionGuard()  # SLURM's pre-timeout signal: checkpoint, then requeue
+        # The non-finite-loss guard, kept on the device (`watch_loss`): the first bad step and its loss.
+        self._bad_step = torch.full((), -1, dtype=torch.long, device=self.device)
+        self._bad_loss = torch.zeros((), device=self.device)
         self.log: RunLogger | None = None
         self.elapsed_before = 0.0  # wall time of the runs this one continues
         self.resume_overrides: list[dict] = []  # settings changed on resume: step and (old, new) values
@@ -252,8 +272,9 @@ class Run:
         logging = self.cfg.logging
         self.log = RunLogger(
             self.run_dir, self.config, enabled=self.is_main, project=logging.project,
-            name=logging.name or self.run_dir.name, group=logging.group, tags=list(logging.tags),
-            mode=logging.mode, resume_step=state["step"] if state else None,
+            name=logging.name or self.title, group=logging.group or _sweep, tags=[*self.tags, *logging.tags],
+            job_type=self.pipeline, epoch_metrics=self.epoch_metrics, mode=logging.mode,
+            resume_step=state["step"] if state else None,
         )  # fmt: skip
         if state and self.is_main:
             tqdm.write(f"resumed from {path} at {position(state)}")
@@ -265,7 +286,9 @@ class Run:
 
     def save(self, *, step: int, **extra: Any) -> None:
         """Checkpoint the tracked objects at `step` with the pipeline's `extra` state (main
-        process writes, all wait). Weights that are not finite are never written."""
+        process writes, all wait). Never after a non-finite loss (`check_losses` first), never
+        with weights that are not finite."""
+        self.check_losses()
         model = self._tracked["model"]
         if not all(torch.isfinite(p).all() for p in model.parameters()):
             raise NonFiniteLossError(
@@ -282,8 +305,22 @@ class Run:
             prune_old_checkpoints(self.run_dir, keep=self.cfg.train.keep_checkpoints)
         barrier()
 
+    def watch_loss(self, loss: torch.Tensor, *, step: int) -> None:
+        """Note `loss` (the one all processes agree on) of `step` if it is the first non-finite
+        one, on the device: no host sync, so the CPU can run ahead of the GPU. `check_losses`
+        reads it, at log intervals and before every checkpoint."""
+        first = ~torch.isfinite(loss) & (self._bad_step < 0)
+        self._bad_step = torch.where(first, step, self._bad_step)
+        self._bad_loss = torch.where(first, loss.detach().float(), self._bad_loss)
+
+    def check_losses(self) -> None:
+        """Stop (`NonFiniteLossError`) if a watched loss was not finite. One host sync."""
+        bad_step = int(self._bad_step.item())
+        if bad_step >= 0:
+            self.check_finite(self._bad_loss.item(), step=bad_step, hint=f"{self.lr_key} (or optimizer.alpha)")
+
     def check_finite(self, loss: float, *, step: int, hint: str) -> None:
-        """Stop before the update if the loss (the one all processes agree on) is NaN or inf.
+        """Stop if `loss` (of `step`, the one all processes agree on) is NaN or inf.
 
         The checkpoint of step - 1, if any, holds the very weights that gave this loss: it is
         set aside as `*.pt.diverged` (kept, but never resumed from), so the last good
@@ -296,7 +333,7 @@ class Run:
                 note = f"{diverged.name} holds the weights that gave it: kept as {diverged.name}.diverged. "
             barrier()
             error = NonFiniteLossError(
-                f"training loss is {loss} at step {step}; stopped before updating the weights. "
+                f"training loss is {loss} at step {step}; stopped before the next checkpoint. "
                 f"{note}{self._recovery_hint(hint)}"
             )
             error.step = step
@@ -327,10 +364,13 @@ class Run:
         self.log.close()
         self.preemption.requeue_or_exit(continue_command=self.continue_command)
 
-    def finish(self, summary: Mapping[str, Any]) -> dict[str, Any]:
-        """Write `summary.json`, close the log and the signal handler; returns the summary."""
+    def finish(self, summary: Mapping[str, Any], *, files: tuple[str, ...] = ()) -> dict[str, Any]:
+        """Write `summary.json` (a W&B artifact with the run folder's `files`), close the log and
+        the signal handler; returns the summary."""
         self.preemption.close()
-        data = self.log.summary({**summary, "wall_time_s": self.elapsed_s, "resume_overrides": self.resume_overrides})
+        data = self.log.summary(
+            {**summary, "wall_time_s": self.elapsed_s, "resume_overrides": self.resume_overrides}, files=files
+        )
         self.log.close()
         if self.is_main:
             (self.run_dir / FAILED_FILE).unlink(missing_ok=True)  # an earlier failure of this cell, now done
@@ -371,6 +411,17 @@ class RunCallbacks(Callback):
             sys.exit(f"{len(failed)} cell(s) of this multirun failed (listed above); the others ran")
 
 
+def _remove_if_untouched(run_dir: Path) -> None:
+    """Delete a run folder in which nothing but Hydra's own files was written (a run refused
+    at start-up), so refused runs leave no empty folders behind."""
+    import shutil
+
+    ours = [p for p in run_dir.iterdir() if p.name not in (".hydra", LOCK_FILE)] if run_dir.is_dir() else []
+    if run_dir.is_dir() and not ours:
+        release_run_folder(run_dir)
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
 def hydra_task(task: Callable[..., dict], cfg: DictConfig) -> dict | None:
     """Run `task(cfg, run_dir=...)` in Hydra's run folder; the body of both entry points.
 
@@ -380,12 +431,13 @@ def hydra_task(task: Callable[..., dict], cfg: DictConfig) -> dict | None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    global _continue_command
+    global _continue_command, _sweep
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     overrides = [o for o in hydra_cfg.overrides.task if not o.startswith(("hydra.run.dir=", "resume_override="))]
     _continue_command = shlex.join(["python", f"{hydra_cfg.job.config_name}.py", *overrides, f"hydra.run.dir={run_dir}"])
+    _sweep = Path(hydra_cfg.sweep.dir).name if multirun else None
     try:
         return task(cfg, run_dir=run_dir)
     except RunError as error:
@@ -394,6 +446,7 @@ def hydra_task(task: Callable[..., dict], cfg: DictConfig) -> dict | None:
             reason = reason.strip().splitlines()[-1].split(": ", 1)[-1]
         tqdm.write(f"error: {reason}", file=sys.stderr)  # below any progress bar still on screen
         if not multirun:
+            _remove_if_untouched(run_dir)
             sys.exit(exit_code)
     except Exception as error:
         if not multirun:
@@ -401,7 +454,7 @@ def hydra_task(task: Callable[..., dict], cfg: DictConfig) -> dict | None:
         traceback.print_exc()
         reason, exit_code, step = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}", 1, None
     finally:
-        _continue_command = None
+        _continue_command = _sweep = None
         shutdown_distributed()
     record = {
         "pipeline": hydra_cfg.job.config_name.removeprefix("train_"),

@@ -20,23 +20,28 @@ from tqdm import tqdm
 import pruning
 from training.distributed import all_reduce_mean
 from training.env import autocast, peak_flops
+from training.export import export_gpt2
 from training.gpt2.config import validate
 from training.gpt2.data import RandomWindows, load_data
 from training.gpt2.evaluate import evaluate_lm, one_shot_pruning, perplexity_table
 from training.gpt2.model import build_model, flops_per_token
 from training.optim import build_optimizer
+from training.run_log import optimizer_label
 from training.runner import Run
 from training.schedule import build_lr_scheduler
 
 # May differ when a run is continued: they change what is evaluated or logged, not what is trained.
-MAY_CHANGE_ON_RESUME = ("eval", "prune", "data.dir", "train.log_interval", "train.eval_interval",
+MAY_CHANGE_ON_RESUME = ("eval", "prune", "export", "data.dir", "train.log_interval", "train.eval_interval",
                         "train.eval_windows", "train.checkpoint_interval", "train.keep_checkpoints",
                         "train.peak_tflops")  # fmt: skip
 
 
 def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
     """Train, prune and evaluate as `cfg` says, writing into `run_dir`; returns the summary."""
-    r = Run(cfg, run_dir, validate=validate)
+    r = Run(
+        cfg, run_dir, validate=validate, pipeline="gpt2", title=f"{cfg.model.name} {optimizer_label(cfg.optimizer)} seed{cfg.seed}",
+        tags=[cfg.optimizer.name, cfg.model.name, f"{cfg.data.name}"],
+    )  # fmt: skip
     dist, device, t = r.dist, r.device, cfg.train
 
     context = cfg.model.n_positions
@@ -54,6 +59,7 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
         may_change=MAY_CHANGE_ON_RESUME,
     )  # fmt: skip
     step, train_loss = (state["step"], state["train_loss"]) if state else (0, float("nan"))
+    step_loss = torch.full((), train_loss, device=device)  # the last update's loss, all-reduced, on the device
 
     train_model = torch.compile(model) if cfg.compile else model
     if dist.enabled:
@@ -87,8 +93,10 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
                 loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
                 (loss / accum).backward()
             loss_sum += loss.detach()
-        train_loss = all_reduce_mean(loss_sum / accum).item()
-        r.check_finite(train_loss, step=step + 1, hint="train.lr (or optimizer.alpha)")
+        # No host sync per step: the guard keeps its record on the device (`Run.watch_loss`) and is
+        # read at log intervals and before every checkpoint; the loss is read at log intervals.
+        step_loss = all_reduce_mean(loss_sum / accum)
+        r.watch_loss(step_loss, step=step + 1)
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip) if t.grad_clip > 0 else None
         lr = optimizer.param_groups[0]["lr"]
         optimizer.step()
@@ -100,31 +108,34 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
         if t.log_interval and (step % t.log_interval == 0 or step == t.max_steps):
             if device.type == "cuda":
                 torch.cuda.synchronize()
+            r.check_losses()
+            train_loss = step_loss.item()
             seconds = train_seconds / (step - logged_step)  # per update since the last log
             train_seconds, logged_step = 0.0, step
-            metrics = {"train/loss": train_loss, "lr": lr, "tokens": step * tokens_per_step,
-                       "tokens_per_s": tokens_per_step / seconds}  # fmt: skip
+            metrics = {"train/loss": train_loss, "train/lr": lr, "train/tokens": step * tokens_per_step,
+                       "perf/tokens_per_s": tokens_per_step / seconds}  # fmt: skip
             if grad_norm is not None:
                 metrics["train/grad_norm"] = grad_norm.item()
             if peak:
-                metrics["mfu"] = flops / seconds / (peak * dist.world_size)
+                metrics["perf/mfu"] = flops / seconds / (peak * dist.world_size)
             r.log.log(metrics, step=step)
-            bar.set_postfix(loss=f"{train_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{metrics['tokens_per_s']:,.0f}", refresh=False)
+            bar.set_postfix(loss=f"{train_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_step / seconds:,.0f}", refresh=False)
         bar.update()
         if t.eval_interval and (step % t.eval_interval == 0 or step == t.max_steps):
             val = evaluate(model, max_windows=t.eval_windows)
             r.log.log({"val/loss": val["loss"], "val/ppl": val["ppl"]}, step=step)
             bar.write(f"step {step}: val loss {val['loss']:.4f} (ppl {val['ppl']:.2f}, {val['tokens']} tokens)")
         if (t.checkpoint_interval and step % t.checkpoint_interval == 0) or step == t.max_steps:
-            r.save(step=step, train_loss=train_loss)
-        elif r.preempted():
-            r.exit_for_requeue(step=step, bar=bar, train_loss=train_loss)
+            r.save(step=step, train_loss=step_loss.item())
+        elif (not dist.enabled or step % max(t.log_interval, 1) == 0) and r.preempted():  # a collective under DDP
+            r.exit_for_requeue(step=step, bar=bar, train_loss=step_loss.item())
     bar.close()
 
     # The trained dense model's weight distribution (the paper's AdamW vs HORST figure).
     counts, edges = pruning.magnitude_histogram(prunable, bins=100, log=True)
     histogram = {"of": "log10|w| of the prunable weights of the trained dense model", "counts": counts, "edges": edges}
     r.log.write_json("weight_histogram.json", histogram)
+    r.log.log_histogram("weights/log10_abs", counts, edges, step=step)
 
     # ---- one-shot magnitude pruning of copies of the trained model, perplexity of each -----
     def stop_if_preempted() -> None:  # the final checkpoint exists: a requeued run redoes this evaluation
@@ -132,10 +143,14 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
             r.exit_for_requeue(step=step, save=False)
 
     evaluation = one_shot_pruning(
-        model, cfg.prune, lambda m: evaluate(m, max_windows=cfg.eval.max_windows), before_each=stop_if_preempted
+        model, cfg.prune, lambda m: evaluate(m, max_windows=cfg.eval.max_windows), calibration_tokens=train_tokens,
+        before_each=stop_if_preempted,
     )
-    for p in evaluation["results"]:
-        r.log.log({f"prune/ppl@{p['sparsity']:g}": p["ppl"], f"prune/loss@{p['sparsity']:g}": p["val_loss"]}, step=step)
+    for p in evaluation["results"]:  # the JSONL record; W&B gets them as one table and a plot
+        r.log.log({f"prune/ppl@{p['label']}": p["ppl"], f"prune/loss@{p['label']}": p["val_loss"]}, step=step,
+                  to_wandb=False)  # fmt: skip
+    r.log.log_table("prune/perplexity", evaluation["results"], step=step,
+                    plot=("sparsity", "ppl", "validation perplexity after one-shot pruning"))  # fmt: skip
 
     opt = OmegaConf.to_container(cfg.optimizer, resolve=True)
     hyperparameters = ", ".join(f"{k}={v}" for k, v in opt.items() if k not in ("name", "_target_", "_partial_"))
@@ -170,17 +185,27 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
                 "batch_size": t.batch_size,
                 "context": context,
                 "tokens_trained": step * tokens_per_step,
-                "final_train_loss": train_loss,
+                "final_train_loss": step_loss.item(),
                 "wall_time_s": r.elapsed_s,
                 "world_size": dist.world_size,
                 "device": str(device),
             },
             "seed": cfg.seed,
             "pruning": evaluation,
-            "ppl": {f"{p['sparsity']:g}": p["ppl"] for p in evaluation["results"]},
-        }
+            "ppl": {p["label"]: p["ppl"] for p in evaluation["results"]},
+        },
+        files=("perplexity.md", "perplexity.json"),
     )
+    if cfg.export.enabled:  # one pruned copy as a transformers folder with a model card (training/export.py)
+        e = cfg.export
+        exported = export_gpt2(
+            model, cfg, e.dir or r.run_dir / "export", sparsity=e.sparsity, method=e.method, pattern=e.pattern,
+            evaluate=lambda m: evaluate(m, max_windows=cfg.eval.max_windows), calibration_tokens=train_tokens,
+            evaluation=evaluation, summary=summary, write=r.is_main,
+        )  # fmt: skip
     if r.is_main:
         print(table)
+        if cfg.export.enabled:
+            print(f"exported: {exported['dir']} ({e.method}, {e.pattern}, perplexity {exported['ppl']:.2f})")
         print(f"run folder: {r.run_dir}")
     return summary

@@ -12,7 +12,6 @@ a preempted run checkpoints after its current batch and continues from the next 
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from training.config import ConfigError
 from training.distributed import all_reduce_mean
 from training.env import autocast, seed_rngs
 from training.optim import build_optimizer
-from training.run_log import RunLogger
+from training.run_log import RunLogger, optimizer_label
 from training.runner import Run
 from training.schedule import build_lr_scheduler
 from training.vit.config import acdc_schedule, scaled_lr, validate
@@ -42,18 +41,25 @@ MAY_CHANGE_ON_RESUME = ("data.root", "data.num_workers", "data.pin_memory", "dat
                         "train.keep_checkpoints", "acdc.histogram_bins")  # fmt: skip
 
 
+PHASE_IDS = {"dense": 0, "compressed": 1, "decompressed": 2}  # `val/phase_id`: W&B charts numbers
+
+
 def log_weight_histogram(log: RunLogger, weights: dict, *, bins: int, step: int, epoch: int) -> None:
     """log10|w| of the non-zero prunable weights: JSONL (counts and edges) and a W&B histogram."""
     counts, edges = pruning.magnitude_histogram(weights, bins=bins, log=True)
-    log.log({"epoch": epoch, "weights/log10_abs_counts": counts.tolist(), "weights/log10_abs_edges": edges.tolist()}, step=step)
-    wandb = sys.modules.get("wandb")  # imported by RunLogger unless W&B is disabled
-    if log.enabled and wandb is not None and wandb.run is not None:
-        wandb.run.log({"weights/log10_abs": wandb.Histogram(np_histogram=(counts.numpy(), edges.numpy()))}, step=step)
+    record = {"epoch": epoch, "weights/log10_abs_counts": counts.tolist(), "weights/log10_abs_edges": edges.tolist()}
+    log.log(record, step=step, to_wandb=False)
+    log.log_histogram("weights/log10_abs", counts, edges, step=step)
 
 
 def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
     """Train under AC/DC as `cfg` says, writing into `run_dir`; returns the summary."""
-    r = Run(cfg, run_dir, validate=validate)
+    r = Run(
+        cfg, run_dir, validate=validate, pipeline="vit", lr_key="train.base_lr",
+        title=f"{cfg.model.name} {optimizer_label(cfg.optimizer)} s{cfg.acdc.sparsity:g} seed{cfg.seed}",
+        tags=[cfg.optimizer.name, cfg.model.name, f"sparsity={cfg.acdc.sparsity:g}", cfg.data.name],
+        epoch_metrics=("val/*", "sparsity/*", "train/epoch_loss"),
+    )  # fmt: skip
     dist, device, t, acdc = r.dist, r.device, cfg.train, cfg.acdc
     channels_last = device.type == "cuda"
 
@@ -129,13 +135,16 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
     if dist.enabled:
         train_model = DistributedDataParallel(forward_model, device_ids=[device.index] if device.type == "cuda" else None)
 
+    # Summed on the device in float64 (as the float sum of each update's loss): no host sync per step.
+    epoch_loss = torch.tensor(epoch_loss, dtype=torch.float64, device=device)
+
     def extra_state() -> dict:
-        return dict(epoch=epoch, batch=batch, epoch_loss=epoch_loss, world_size=dist.world_size,
+        return dict(epoch=epoch, batch=batch, epoch_loss=epoch_loss.item(), world_size=dist.world_size,
                     masks=sparsifier.state_dict(), history=history)  # fmt: skip
 
     # ---- training ------------------------------------------------------------------------------
     bar = tqdm(total=t.epochs * steps_per_epoch, initial=step, disable=not r.is_main, dynamic_ncols=True)
-    train_loss = float("nan")
+    step_loss = torch.full((), float("nan"), device=device)  # the last update's loss, on the device
     while epoch < t.epochs:
         phase, action = schedule.phase(epoch), schedule.action(epoch)
         if batch == 0:  # at the epoch's start (resumed mid-epoch, the checkpoint holds the phase's masks and moments)
@@ -159,8 +168,8 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
             with autocast(device, r.dtype):
                 output = train_model(images)
             loss = criterion(output.float(), targets)
-            train_loss = all_reduce_mean(loss.detach().clone()).item()
-            r.check_finite(train_loss, step=step + 1, hint=f"train.base_lr (epoch {epoch}, {phase} phase)")
+            step_loss = all_reduce_mean(loss.detach().clone())
+            r.watch_loss(step_loss, step=step + 1)  # read at log intervals and before checkpoints
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if t.grad_clip > 0:
@@ -172,17 +181,21 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
             step += 1
             batch += 1
             scheduler.step_update(step)
-            epoch_loss += train_loss
+            epoch_loss += step_loss.double()
             bar.update()
 
             if t.log_interval and step % t.log_interval == 0:
+                r.check_losses()
+                train_loss = step_loss.item()
                 images_per_s = t.batch_size * (step - ticked_step) / (time.time() - tick)
                 tick, ticked_step = time.time(), step
-                r.log.log({"train/loss": train_loss, "lr": lr_now, "images_per_s": images_per_s, "epoch": epoch}, step=step)
+                r.log.log({"train/loss": train_loss, "train/lr": lr_now, "perf/images_per_s": images_per_s}, step=step)
                 bar.set_postfix(loss=f"{train_loss:.3f}", lr=f"{lr_now:.2e}", img_s=f"{images_per_s:.0f}", refresh=False)
-            # Every process polls at the same batch (a collective under DDP).
-            if r.preempted():  # with `epoch` and `batch`: the requeued run continues from the next batch
-                r.exit_for_requeue(step=step, bar=bar, **extra_state())
+            # Every process polls at the same batch (a collective under DDP: not every update there).
+            if (not dist.enabled or step % max(t.log_interval, 1) == 0) and r.preempted():
+                r.exit_for_requeue(step=step, bar=bar, **extra_state())  # the requeued run continues at the next batch
+
+        r.check_losses()
 
         # ---- end of epoch: validation of the model as it is (sparse in a compressed phase) --------
         val = evaluate(forward_model, val_batches, device=device, dtype=r.dtype, channels_last=channels_last)
@@ -193,13 +206,18 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
             "top1": val["top1"],
             "top5": val["top5"],
             "val_loss": val["loss"],
-            "train_loss": epoch_loss / steps_per_epoch,
+            "train_loss": epoch_loss.item() / steps_per_epoch,
             "sparsity": sparsity["overall"],
         }
         history.append(record)
         r.log.log(
             {
-                **{f"val/{k}": v for k, v in record.items()},
+                "epoch": epoch,
+                "val/phase": phase,  # the JSONL file's; W&B charts the number
+                "val/phase_id": PHASE_IDS[phase],
+                **{f"val/{k}": record[k] for k in ("top1", "top5", "val_loss")},
+                "train/epoch_loss": record["train_loss"],
+                "sparsity/overall": sparsity["overall"],
                 **{f"sparsity/{name}": s for name, s in sparsity["per_layer"].items()},
             },
             step=step,
@@ -210,12 +228,14 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
                 f"epoch {epoch:3d} {phase:>12}: train loss {record['train_loss']:.4f}  val top-1 {val['top1']:.4f}  "
                 f"top-5 {val['top5']:.4f}  sparsity {sparsity['overall']:.4f}"
             )
-        epoch, batch, epoch_loss = epoch + 1, 0, 0.0
+        epoch, batch = epoch + 1, 0
+        epoch_loss.zero_()
         if (t.checkpoint_interval and epoch % t.checkpoint_interval == 0) or epoch == t.epochs:
             r.save(step=step, **extra_state())
     bar.close()
 
     # ---- the result: the final compressed phase's sparse model ---------------------------------
+    r.log.log_table("val/epochs", history, step=step, plot=("epoch", "top1", "top-1 by epoch (phase in the table)"))
     final = history[-1]
     sparsity = pruning.sparsity_stats(prunable)
     opt = OmegaConf.to_container(cfg.optimizer, resolve=True)
@@ -259,7 +279,7 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
                 "world_size": dist.world_size,
                 "device": str(device),
                 "precision": str(r.dtype).removeprefix("torch."),
-                "final_train_loss": train_loss,
+                "final_train_loss": step_loss.item(),
                 "wall_time_s": r.elapsed_s,
             },
             "seed": cfg.seed,

@@ -1,0 +1,92 @@
+"""What a run logs to Weights & Biases, read back from the offline run's own transaction log
+(`run-<id>.wandb`) with wandb's reader (`wandb.sdk.internal.datastore` and its protobuf
+records): name, group, job type, tags, namespaced numeric metrics, the epoch axis, the
+one-shot table and plot, histograms, and the results artifact."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from test_gpt2_pipeline import compose_cfg, pydoc_dir, quiet_single_threaded, tiny_overrides  # noqa: F401
+from test_vit_pipeline import _compose, deit_overrides, imagenet_root, quiet_env  # noqa: F401
+from training.gpt2.run import run as gpt2_run
+from training.vit.run import run as vit_run
+
+NAMESPACES = ("train/", "val/", "prune/", "sparsity/", "perf/", "weights/")
+
+
+def read_wandb_run(run_dir: Path) -> dict:
+    """The records of the offline run in `run_dir`, by type, as wandb itself stores them."""
+    from wandb.proto import wandb_internal_pb2
+    from wandb.sdk.internal import datastore
+
+    (path,) = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
+    store = datastore.DataStore()
+    store.open_for_scan(str(path))
+    records = defaultdict(list)
+    while (data := store.scan_data()) is not None:
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(data)
+        kind = record.WhichOneof("record_type")
+        records[kind].append(getattr(record, kind))
+    history = [{item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in h.item} for h in records["history"]]
+    return {"run": records["run"][0], "history": history, "metric": records["metric"], "artifact": records["artifact"]}
+
+
+def logged_keys(history: list[dict]) -> set[str]:
+    """Top-level keys of the history (a table or histogram's fields joined back to its key)."""
+    keys = set()
+    for row in history:
+        for key in row:
+            if key.startswith("_"):
+                continue
+            head = key.split("/")
+            keys.add("/".join(head[:2]) if head[0] in ("train", "val", "prune", "sparsity", "perf", "weights") else key)
+    return keys
+
+
+def test_gpt2_run_reads_at_a_glance_in_wandb(pydoc_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    run_dir = tmp_path / "run"
+    gpt2_run(compose_cfg(tiny_overrides(pydoc_dir, "logging.group=table_a")), run_dir=run_dir)
+    logged = read_wandb_run(run_dir)
+
+    run = logged["run"]
+    assert run.display_name == "gpt2_nano horst(a=100,b=1) seed0" and run.run_group == "table_a"
+    assert run.job_type == "gpt2" and {"horst", "gpt2_nano", "pydoc"} <= set(run.tags)
+    keys = logged_keys(logged["history"])
+    assert {"train/loss", "train/lr", "train/tokens", "perf/tokens_per_s", "val/loss", "val/ppl"} <= keys
+    assert all(k.startswith(NAMESPACES) for k in keys), keys
+    assert not any("@" in k for k in keys)  # no loose per-sparsity scalars: one table instead
+    table = next(row for row in logged["history"] if "prune/perplexity/_type" in row)
+    assert table["prune/perplexity/_type"] == "table-file" and table["prune/perplexity/nrows"] == 3
+    assert "prune/perplexity_plot_table/_type" in table  # the line plot's table
+    assert any(row.get("weights/log10_abs/_type") == "histogram" for row in logged["history"])
+    assert any(a.type == "results" and a.name == f"results-{run.run_id}" for a in logged["artifact"])
+    assert all(isinstance(v, (int, float)) for row in logged["history"] for k, v in row.items()
+               if k in ("train/loss", "train/lr", "val/ppl"))  # fmt: skip
+
+
+def test_vit_run_has_an_epoch_axis_and_numeric_phase(imagenet_root, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    run_dir = tmp_path / "run"
+    summary = vit_run(_compose(deit_overrides(imagenet_root)), run_dir=run_dir)
+    logged = read_wandb_run(run_dir)
+
+    run = logged["run"]
+    assert run.display_name == "vit_nano horst(a=10,b=0.1) s0.8 seed0" and run.job_type == "vit"
+    assert {"horst", "vit_nano", "sparsity=0.8", "imagefolder"} <= set(run.tags)
+    axes = {m.glob_name: m.step_metric for m in logged["metric"] if m.glob_name}
+    assert axes["val/*"] == "epoch" and axes["sparsity/*"] == "epoch"
+    epochs = [row for row in logged["history"] if "val/top1" in row]
+    assert [row["epoch"] for row in epochs] == list(range(6))
+    assert [row["val/phase_id"] for row in epochs] == [0, 1, 1, 2, 1, 1]
+    assert all("val/phase" not in row for row in logged["history"])  # strings stay in metrics.jsonl
+    keys = logged_keys(logged["history"])
+    assert all(k.startswith(NAMESPACES) or k == "epoch" for k in keys), keys
+    assert any("val/epochs/_type" in row for row in logged["history"])  # the per-epoch table
+    assert epochs[-1]["val/top1"] == pytest.approx(summary["top1"])
