@@ -43,7 +43,14 @@ what it finished):
    images/s in all and per worker on the host CPU.
 7. GPT-2 Small in fp16 with its block matrices 2:4-pruned (``pruning.nm_masks``) and converted
    by ``pruning.to_semi_structured_`` (``torch.sparse.to_sparse_semi_structured``): inference
-   tokens/s against the same pruned model dense, and the outputs' difference. Needs sm80+.
+   tokens/s against the same pruned model dense (and the first block's two MLP matrices alone),
+   and the outputs' difference. Needs sm80+ (else, and with --cpu: "skipped: needs a GPU (sm80+)").
+
+Needs torch with CUDA (Triton), transformers, timm, torchvision, hydra-core and omegaconf (the
+configs are read as the pipelines read them). The report's header records the command, the
+commit (``--commit`` where the copy has no .git), date, host, GPU, and torch/CUDA/driver/NCCL
+versions. Expected time on one H200: ~5 minutes, most of it compilation (items 1 and 3);
+``--budget`` (480 s) caps the whole run, each item has its own time box.
 
 PASS/FAIL says whether an item's code path ran and gave correct results; its targets (speed)
 are listed apart as met or missed. With ``--cpu`` every item runs at toy size (targets not
@@ -54,7 +61,6 @@ this script alive. Exit status 1 if any item failed.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import dataclasses
 import datetime
