@@ -3,6 +3,7 @@ every item at toy size, and an item that raises is recorded as FAIL while the ne
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import re
@@ -83,7 +84,9 @@ def test_dry_run_passes_every_item(tmp_path):
 
 def test_an_item_that_raises_or_overruns_is_a_fail_and_the_next_item_runs(tmp_path):
     gpu_check = load_gpu_check()
-    ctx = gpu_check.Context(device=torch.device("cpu"), sizes=gpu_check.CPU_SIZES, cpu=True)
+    # one process, as on a machine with one GPU (the dry run's item 5 starts two)
+    sizes = dataclasses.replace(gpu_check.CPU_SIZES, ddp_world=1)
+    ctx = gpu_check.Context(device=torch.device("cpu"), sizes=sizes, cpu=True)
 
     def impossible(ctx):
         return gpu_check.load_node("model/no_such_model.yaml")  # a real error: the file does not exist
@@ -94,15 +97,15 @@ def test_an_item_that_raises_or_overruns_is_a_fail_and_the_next_item_runs(tmp_pa
     results = {
         "1": gpu_check.run_item("1", "raises", impossible, ctx, budget=30),
         "2": gpu_check.run_item("2", "overruns", overrun, ctx, budget=1),
-        "7": gpu_check.run_item("7", *gpu_check.ITEMS["7"], ctx, budget=30),
+        "5": gpu_check.run_item("5", *gpu_check.ITEMS["5"], ctx, budget=30),
     }
     assert results["1"].status == "FAIL" and "no_such_model.yaml" in results["1"].summary
     assert results["2"].status == "FAIL" and "time box" in results["2"].summary and results["2"].seconds < 5
-    assert results["7"].status == "SKIP" and results["7"].summary == SKIPPED_ON_CPU
+    assert results["5"].status == "PASS" and "world 1: gradients agree" in results["5"].summary
     out = tmp_path / "gpu.md"
     gpu_check.write_report(out, ["command: test"], results, 1.0)
     rows = summary_rows(out.read_text())
-    assert [rows[k][1] for k in ("1", "2", "7")] == ["FAIL", "FAIL", "SKIP"]
+    assert [rows[k][1] for k in ("1", "2", "5")] == ["FAIL", "FAIL", "PASS"]
 
 
 def test_a_dry_run_never_writes_the_committed_gpu_report():
