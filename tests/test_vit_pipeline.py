@@ -21,6 +21,8 @@ from training.runner import NON_FINITE_EXIT_CODE
 import training.vit.run as vit_run_module
 from training import runner
 from training.vit.run import run
+from training.config import ConfigError
+from training.vit.config import validate
 
 ROOT = Path(__file__).resolve().parents[1]
 QUIET_ENV = {"HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "HORST_FUSED": "0"}
@@ -327,3 +329,16 @@ def test_a_corrupt_image_is_one_line_naming_it_or_skipped_and_counted(imagenet_r
 
     summary = run(_compose(deit_overrides(root, "data.skip_corrupt=true")), run_dir=tmp_path / "skipping")
     assert summary["data"]["skipped_images"] == [str(bad)]
+
+
+def test_acdc_with_two_of_four_masks_keeps_two_of_every_four_inputs(imagenet_root, tmp_path):
+    summary = run(_compose(deit_overrides(imagenet_root, "acdc.pattern=2:4", "acdc.sparsity=0.5")), run_dir=tmp_path / "run")
+    from training.checkpoint import latest_checkpoint, load_checkpoint
+
+    weights = load_checkpoint(latest_checkpoint(tmp_path / "run"))["model"]
+    for name in ("blocks.0.attn.qkv.weight", "blocks.1.mlp.fc2.weight"):  # timm Linear: [out, in]
+        groups = weights[name].reshape(weights[name].shape[0], -1, 4)
+        assert ((groups != 0).sum(-1) == 2).all(), name
+    assert summary["measured_sparsity"] == pytest.approx(0.5) and summary["final_phase"] == "compressed"
+    with pytest.raises(ConfigError, match=r"acdc.pattern=2:4 prunes 0.5 of the weights; set acdc.sparsity=0.5"):
+        validate(_compose(deit_overrides(imagenet_root, "acdc.pattern=2:4")), world_size=1)

@@ -78,6 +78,7 @@ class ViTTrainConfig:
 class ACDCConfig:
     sparsity: float = MISSING  # target sparsity of the compressed phases over the prunable set
     scope: str = MISSING  # global (AC/DC) | layerwise
+    pattern: str = MISSING  # unstructured | "n:m" (e.g. "2:4", along each matrix's inputs; sparsity 1 - n/m)
     preset: str = MISSING  # pruning.PRESETS key: qkv, proj, fc1, fc2 of every block
     patterns: List[str] = MISSING  # extra module-name regexes
     # Phase lengths in epochs; must add up to train.epochs (docs/design.md §3.3).
@@ -201,6 +202,16 @@ def validate(cfg: DictConfig, *, world_size: int) -> None:
     c = cfg.acdc
     require(0 <= c.sparsity < 1, f"acdc.sparsity={c.sparsity} must be in [0, 1)")
     require(c.scope in pruning.SCOPES, f"acdc.scope={c.scope!r} is unknown; use {' or '.join(pruning.SCOPES)}")
+    if c.pattern != "unstructured":
+        n, _, m = str(c.pattern).partition(":")
+        require(
+            n.isdigit() and m.isdigit() and 0 < int(n) < int(m),
+            f"acdc.pattern={c.pattern!r} is unknown; use unstructured or n:m such as \"2:4\"",
+        )
+        require(
+            abs(c.sparsity - (1 - int(n) / int(m))) < 1e-9,
+            f"acdc.pattern={c.pattern} prunes {1 - int(n) / int(m):g} of the weights; set acdc.sparsity={1 - int(n) / int(m):g}",
+        )
     require(c.preset in pruning.PRESETS, f"acdc.preset={c.preset!r} is unknown; use one of {', '.join(pruning.PRESETS)}")
     require(c.histogram_bins >= 1, f"acdc.histogram_bins={c.histogram_bins} must be >= 1")
     acdc_schedule(c, epochs=t.epochs)

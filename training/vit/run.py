@@ -149,7 +149,7 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
         phase, action = schedule.phase(epoch), schedule.action(epoch)
         if batch == 0:  # at the epoch's start (resumed mid-epoch, the checkpoint holds the phase's masks and moments)
             if action == "prune":
-                sparsifier.prune(acdc.sparsity, scope=acdc.scope)
+                sparsifier.prune(acdc.sparsity, scope=acdc.scope, pattern=acdc.pattern)
             elif action == "restore":
                 sparsifier.restore()
                 pruning.reset_optimizer_moments(optimizer, prunable, first=True, second=acdc.reset_second_moment)
