@@ -68,7 +68,9 @@ def one_shot_masks(
     if nm is None and sparsity is None:
         raise ValueError("unstructured pruning needs a sparsity")
     if nm is not None and sparsity is not None and abs(sparsity - (1 - nm[0] / nm[1])) > 1e-9:
-        raise ValueError(f"pattern {pattern} keeps {nm[0]} of {nm[1]}: its sparsity is {1 - nm[0] / nm[1]:g}, not {sparsity:g}")
+        raise ValueError(
+            f"pattern {pattern} keeps {nm[0]} of {nm[1]}: its sparsity is {1 - nm[0] / nm[1]:g}, not {sparsity:g}"
+        )
     if method == "wanda" and input_norms is None:
         raise ValueError("method='wanda' needs input_norms: calibrate with pruning.InputNorms")
     if method == "magnitude":

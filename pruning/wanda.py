@@ -140,5 +140,7 @@ class InputNorms:
     def norms(self) -> dict[str, Tensor]:
         missing = [name for name in self._modules if name not in self._sums]
         if missing:
-            raise RuntimeError(f"no calibration input reached {missing[:4]}: run the model forward inside the `with` block")
+            raise RuntimeError(
+                f"no calibration input reached {missing[:4]}: run the model forward inside the `with` block"
+            )
         return {name: total.sqrt().float() for name, total in self._sums.items()}

@@ -97,9 +97,12 @@ def export_gpt2(
 
 
 def _matching_row(evaluation: dict | None, method: str, pattern: str, sparsity: float) -> dict | None:
+    """The run's result row of this setting (the dense row for sparsity 0), if it has one."""
     for row in (evaluation or {}).get("results", []):
-        same_method = row.get("method", "magnitude") == method or row.get("pattern") == "dense"
-        if same_method and row.get("pattern", pruning.UNSTRUCTURED) in (pattern, "dense") and abs(row["sparsity"] - sparsity) < 1e-12:
+        if abs(row["sparsity"] - sparsity) > 1e-12:
+            continue
+        # Rows of runs before methods and patterns existed are magnitude, unstructured.
+        if row.get("pattern") == "dense" or (row.get("method", "magnitude"), row.get("pattern", "unstructured")) == (method, pattern):
             return row
     return None
 
@@ -217,7 +220,8 @@ def _optimizer_line(cfg) -> str:
 
 
 def _commits(summary: dict) -> str:
-    return f"trained at commit `{summary.get('git_commit', 'unknown')}`, exported at commit `{git_commit(Path(__file__).parent)}`"
+    trained = summary.get("git_commit", "unknown")
+    return f"trained at commit `{trained}`, exported at commit `{git_commit(Path(__file__).parent)}`"
 
 
 def _gpt2_card(cfg, facts: dict, summary: dict) -> str:
