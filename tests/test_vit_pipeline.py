@@ -17,12 +17,12 @@ from hydra import compose, initialize_config_dir
 from PIL import Image
 
 import pruning
-from training.runner import NON_FINITE_EXIT_CODE
 import training.vit.run as vit_run_module
 from training import runner
-from training.vit.run import run
 from training.config import ConfigError
+from training.runner import NON_FINITE_EXIT_CODE
 from training.vit.config import validate
+from training.vit.run import run
 
 ROOT = Path(__file__).resolve().parents[1]
 QUIET_ENV = {"HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "HORST_FUSED": "0"}
@@ -186,7 +186,8 @@ def test_acdc_phases_change_on_schedule_with_exact_target_sparsity(deit_run):
     assert all(torch.equal(zeros[1][n], zeros[2][n]) for n in zeros[1])
     assert all(torch.equal(zeros[4][n], zeros[5][n]) for n in zeros[4])
     # Each compressed phase computes its mask afresh (global magnitude), at its first epoch.
-    assert watched["prune_calls"] == [(1, 0.8, {"scope": "global"}), (4, 0.8, {"scope": "global"})]
+    unstructured = {"scope": "global", "pattern": "unstructured"}
+    assert watched["prune_calls"] == [(1, 0.8, unstructured), (4, 0.8, unstructured)]
     # One restore (epoch 3), and the first moments of the prunable weights were reset there.
     assert len(watched["moments_after_restore"]) == 1
     assert max(watched["moments_after_restore"][0]) == 0.0
