@@ -354,9 +354,15 @@ def _values(run: Run) -> list[tuple[float, float | None]]:
     if run.pipeline == "vit":
         top1 = s.get("top1")
         return [(float(s["target_sparsity"]), None if top1 is None else 100.0 * top1)]
-    if "pruning" in s:
-        return [(float(r["sparsity"]), r["ppl"]) for r in s["pruning"]["results"]]
+    if "pruning" in s:  # the paper's protocol: unstructured magnitude pruning (other methods' rows aside)
+        return [(float(r["sparsity"]), r["ppl"]) for r in s["pruning"]["results"] if is_paper_row(r)]
     return [(float(k), v) for k, v in s["ppl"].items()]
+
+
+def is_paper_row(result: dict) -> bool:
+    """A one-shot result of the paper's protocol (unstructured magnitude pruning); rows of
+    runs from before `prune.methods` existed have no method and are such rows."""
+    return result.get("method", "magnitude") == "magnitude" and result.get("pattern", "unstructured") == "unstructured"
 
 
 def is_imagenet(run: Run) -> bool:

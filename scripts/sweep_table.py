@@ -44,6 +44,7 @@ from make_tables import (  # noqa: E402
     Run,
     _describe,
     _fmt,
+    is_paper_row,
     _key,
     _markdown_frame,
     _nothing,
@@ -92,7 +93,7 @@ def score(run: Run) -> float:
     s = run.summary
     if run.pipeline == "vit":
         return math.nan if s.get("top1") is None else 100.0 * s["top1"]
-    perplexities = [r["ppl"] for r in s["pruning"]["results"] if r["sparsity"] >= PRUNED_FROM]
+    perplexities = [r["ppl"] for r in s["pruning"]["results"] if r["sparsity"] >= PRUNED_FROM and is_paper_row(r)]
     if not perplexities:
         raise NoRunsError(f"{run.folder}: no perplexity at a sparsity >= {PRUNED_FROM}")
     if not all(p is not None and math.isfinite(p) for p in perplexities):

@@ -156,7 +156,8 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
     hyperparameters = ", ".join(f"{k}={v}" for k, v in opt.items() if k not in ("name", "_target_", "_partial_"))
     parameters = sum(p.numel() for p in model.parameters())
     title = (
-        f"Validation perplexity after one-shot {cfg.prune.scope} magnitude pruning: GPT-2 "
+        f"Validation perplexity after one-shot pruning ({', '.join(cfg.prune.methods)}; {', '.join(map(str, cfg.prune.patterns))}; "
+        f"magnitude {cfg.prune.scope}): GPT-2 "
         f"({cfg.model.name}, {parameters / 1e6:.1f}M params), {opt['name']} ({hyperparameters}, lr={t.lr}), "
         f"{step * tokens_per_step:,} training tokens; {evaluation['tokens']:,} validation tokens in "
         f"{evaluation['windows']} non-overlapping windows of {context}."
