@@ -10,15 +10,18 @@ Config: configs/train_gpt2.yaml. The pipeline is `training.gpt2.run.run`; this f
 hands it Hydra's config. It imports its task, so submitit pickles it by reference.
 """
 
+import sys
 from pathlib import Path
 
 import hydra
 
 from training.gpt2.config import register_configs
 from training.gpt2.run import run
+from training.presets import check_command_line, register_help
 from training.runner import hydra_task
 
 register_configs()
+register_help("gpt2", "train GPT-2 with any optimizer, prune it one-shot, report perplexity after pruning")
 
 
 # An absolute path: the configs are found whether this file runs as a script or is imported.
@@ -28,4 +31,5 @@ def main(cfg):
 
 
 if __name__ == "__main__":
+    check_command_line("gpt2", sys.argv[1:])
     main()

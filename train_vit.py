@@ -11,15 +11,18 @@ Config: configs/train_vit.yaml (recipes in configs/vit_recipe/). The pipeline is
 submitit pickles it by reference.
 """
 
+import sys
 from pathlib import Path
 
 import hydra
 
+from training.presets import check_command_line, register_help
 from training.runner import hydra_task
 from training.vit.config import register_configs
 from training.vit.run import run
 
 register_configs()
+register_help("vit", "train a ViT/DeiT under AC/DC with any optimizer, report the final sparse model's accuracy")
 
 
 # An absolute path: the configs are found whether this file runs as a script or is imported.
@@ -29,4 +32,5 @@ def main(cfg):
 
 
 if __name__ == "__main__":
+    check_command_line("vit", sys.argv[1:])
     main()

@@ -162,11 +162,12 @@ def one_shot_pruning(
     *,
     calibration_tokens: np.ndarray | None = None,
     before_each=lambda: None,
+    after_each=lambda row: None,
 ) -> dict:
     """Prune copies of `model` one-shot (no retraining) as `prune.methods` x `prune.patterns` x
     `prune.sparsities` say (`one_shot_plan`) and evaluate each with `evaluate(model)` on the
     same validation windows; `before_each()` runs before each row (the pipeline's preemption
-    check). Wanda's input norms come from `prune.calibration_windows` windows of
+    check), `after_each(row)` after it (its progress line). Wanda's input norms come from `prune.calibration_windows` windows of
     `calibration_tokens` (the training split), computed once on the dense model.
 
     Every result row names its method, pattern, target and measured sparsity, loss and
@@ -195,6 +196,7 @@ def one_shot_pruning(
             "comparison": comparison(method, pattern, prune_cfg.scope), "sparsity": sparsity,
             "measured_sparsity": measured, "val_loss": val["loss"], "ppl": val["ppl"],
         })  # fmt: skip
+        after_each(results[-1])
         del pruned
     return {
         "method": "one-shot pruning (no retraining)",

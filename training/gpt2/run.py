@@ -145,6 +145,9 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
     evaluation = one_shot_pruning(
         model, cfg.prune, lambda m: evaluate(m, max_windows=cfg.eval.max_windows), calibration_tokens=train_tokens,
         before_each=stop_if_preempted,
+        after_each=lambda row: r.is_main and tqdm.write(
+            f"one-shot {row['method']} {row['pattern']} at {row['sparsity']:g}: val perplexity {row['ppl']:.2f}"
+        ),
     )
     for p in evaluation["results"]:  # the JSONL record; W&B gets them as one table and a plot
         r.log.log({f"prune/ppl@{p['label']}": p["ppl"], f"prune/loss@{p['label']}": p["val_loss"]}, step=step,

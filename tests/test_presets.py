@@ -1,0 +1,49 @@
+"""Each entry point knows its own presets: `--help` lists them, and another pipeline's preset
+is one line naming the entry point that takes it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from training.presets import presets
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def entry_point(script: str, *args: str) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, str(ROOT / script), *args], cwd=ROOT, env=environment,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+def test_presets_are_split_by_pipeline():
+    gpt2, vit = presets("gpt2"), presets("vit")
+    assert gpt2["model"] == ["gpt2_nano", "gpt2_small", "gpt2_tiny"] and "deit_small" in vit["model"]
+    assert gpt2["experiment"] == ["gpt2_small_slimpajama"] and len(vit["experiment"]) == 9
+    assert "vit_sparsity" not in gpt2["+sweep"] and "gpt2_table" not in vit["+sweep"]
+    assert {"horst_alpha_beta", "ham_alpha_beta"} <= set(gpt2["+sweep"]) & set(vit["+sweep"])
+    assert gpt2["optimizer"] == vit["optimizer"] and "horst_lion" in gpt2["optimizer"]
+
+
+def test_help_lists_only_the_pipelines_own_presets():
+    text = entry_point("train_gpt2.py", "--help").stdout
+    assert "model: gpt2_nano, gpt2_small, gpt2_tiny" in text and "gpt2_recipe: pydoc, slimpajama" in text
+    assert "deit" not in text.split("== Config ==")[0] and "schema_" not in text
+
+
+@pytest.mark.parametrize("script,argument,owner", [
+    ("train_gpt2.py", "experiment=deit_small_acdc_s90", "train_vit.py"),
+    ("train_vit.py", "model=gpt2_tiny", "train_gpt2.py"),
+])  # fmt: skip
+def test_another_pipelines_preset_is_one_line(script, argument, owner):
+    result = entry_point(script, argument)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"error: {argument} is a preset of {owner}; {script} takes {argument.split('=')[0]}="
+        + " | ".join(presets("gpt2" if script == "train_gpt2.py" else "vit")[argument.split("=")[0]])
+    ]

@@ -1,0 +1,86 @@
+"""Which presets of the shared `configs/` tree belong to which pipeline, for `--help` and for
+a one-line error when a command names another pipeline's preset.
+
+The two entry points share one config tree (optimizers, launchers and sweeps are common), so
+Hydra alone would offer `train_gpt2.py model=deit_small` and fail deep in composition. A
+model belongs to the pipeline its `arch` names; an experiment to the pipeline of the model
+it selects; a recipe group (`gpt2_recipe`, `vit_recipe`) to its pipeline; a sweep to both
+unless it sets another pipeline's keys or presets.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+PIPELINES = {"gpt2": "train_gpt2.py", "vit": "train_vit.py"}
+OWN_KEYS = {"gpt2": ("prune.", "export.", "eval."), "vit": ("acdc.", "aug.", "vit_recipe")}
+
+
+def _names(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONFIGS / group).glob("*.yaml"))
+
+
+def _selected(path: Path, group: str) -> str | None:
+    """The option of `group` that a preset file selects in its defaults list, if any."""
+    for entry in OmegaConf.load(path).get("defaults", []) or []:
+        if isinstance(entry, dict) or OmegaConf.is_dict(entry):
+            for key, value in entry.items():
+                if key.split()[-1].lstrip("/") == group:
+                    return value
+    return None
+
+
+def presets(pipeline: str) -> dict[str, list[str]]:
+    """`{group: options}` of `pipeline` (gpt2 | vit)."""
+    models = [m for m in _names("model") if OmegaConf.load(CONFIGS / "model" / f"{m}.yaml").get("arch") == pipeline]
+    experiments = [e for e in _names("experiment") if _selected(CONFIGS / "experiment" / f"{e}.yaml", "model") in models]
+    others = [p for p in PIPELINES if p != pipeline]
+    foreign = tuple(key for p in others for key in OWN_KEYS[p])
+    foreign_experiments = set(_names("experiment")) - set(experiments)
+    sweeps = []
+    for name in _names("sweep"):
+        params = OmegaConf.load(CONFIGS / "sweep" / f"{name}.yaml").hydra.sweeper.params
+        named = str(params.get("experiment", ""))
+        if not any(str(k).startswith(foreign) for k in params) and not any(e in named for e in foreign_experiments):
+            if "glob(" not in named or any(e.startswith(named[5:-1].split("*")[0]) for e in experiments):
+                sweeps.append(name)
+    return {
+        "model": models,
+        "experiment": experiments,
+        f"{pipeline}_recipe": _names(f"{pipeline}_recipe"),
+        "optimizer": _names("optimizer"),
+        "+sweep": sweeps,
+        "hydra/launcher": _names("hydra/launcher"),
+    }
+
+
+def register_help(pipeline: str, description: str) -> None:
+    """`--help` of the entry point: its own presets, then the composed config."""
+    choices = "\n".join(f"  {group}: {', '.join(options)}" for group, options in presets(pipeline).items())
+    template = (
+        f"{PIPELINES[pipeline]}: {description}\n\n== Presets of this pipeline (group=option) ==\n{choices}\n\n"
+        "== Config ==\nOverride anything in the config (foo.bar=value); the README explains each setting.\n\n$CONFIG\n"
+    )
+    ConfigStore.instance().store(
+        group="hydra/help", name=pipeline, node={"app_name": PIPELINES[pipeline], "header": "", "footer": "", "template": template}
+    )
+
+
+def check_command_line(pipeline: str, argv: list[str]) -> None:
+    """Stop with one line if `argv` picks another pipeline's model or experiment."""
+    own = presets(pipeline)
+    for argument in argv:
+        key, _, value = argument.lstrip("+~").partition("=")
+        if key in ("model", "experiment") and value:
+            for option in value.split(","):
+                if option in _names(key) and option not in own[key]:
+                    owner = next(p for p in PIPELINES if option in presets(p)[key])
+                    sys.exit(
+                        f"error: {key}={option} is a preset of {PIPELINES[owner]}; {PIPELINES[pipeline]} takes "
+                        f"{key}={' | '.join(own[key]) or '(none)'}"
+                    )
