@@ -1,9 +1,11 @@
-"""Shared run plumbing for the training entry points (`train_gpt2.py`, `train_vit.py`).
+"""What both pipelines share; each pipeline's own code is in its package (`gpt2`, `vit`).
 
-One concept per module: `env` (seeding, device, precision), `distributed` (DDP set-up from
-torchrun or SLURM), `run_log` (W&B + JSONL metrics + summary), `checkpoint` (atomic save,
-resume), `optim` (AdamW / HAM / HORST from a config), `schedule` (warm-up + cosine LR),
-`config` (validation and structured-config schemas), `lm_data` and `perplexity` (token
-memmaps and language-model evaluation). Pipeline-specific pieces (schema, model
-construction) live in one module per pipeline: `gpt2`.
+`runner` (the scaffolding around a training loop: start-up, resume check, checkpoints,
+preemption, the non-finite guard, errors and failed multirun cells), `optim` (the optimizer
+a config names, over the model's param groups), `checkpoint` (atomic save, safe load, RNG
+state), `run_log` (JSONL metrics, summary, W&B), `distributed` (DDP from torchrun, SLURM or
+submitit), `env` (seeds, device, precision), `schedule` (warm-up + cosine LR, timm),
+`preemption` (SLURM's pre-timeout signal), `config` (shared schemas and checks, `RunError`),
+`presets` (which configs belong to which pipeline), `export` (pruned models for
+transformers and timm).
 """
