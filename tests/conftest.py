@@ -13,4 +13,5 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
+os.environ.setdefault("WANDB_ERROR_REPORTING", "false")  # wandb's crash reports would try the network
 os.environ["HORST_FUSED"] = "0"
