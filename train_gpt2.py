@@ -17,11 +17,10 @@ import hydra
 
 from training.gpt2.config import register_configs
 from training.gpt2.run import run
-from training.presets import check_command_line, register_help
+from training.presets import check_command_line
 from training.runner import hydra_task
 
 register_configs()
-register_help("gpt2", "train GPT-2 with any optimizer, prune it one-shot, report perplexity after pruning")
 
 
 # An absolute path: the configs are found whether this file runs as a script or is imported.

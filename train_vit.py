@@ -16,13 +16,12 @@ from pathlib import Path
 
 import hydra
 
-from training.presets import check_command_line, register_help
+from training.presets import check_command_line
 from training.runner import hydra_task
 from training.vit.config import register_configs
 from training.vit.run import run
 
 register_configs()
-register_help("vit", "train a ViT/DeiT under AC/DC with any optimizer, report the final sparse model's accuracy")
 
 
 # An absolute path: the configs are found whether this file runs as a script or is imported.

@@ -14,6 +14,7 @@ import pruning
 
 from training.config import ConfigError, RunConfig, check_known_keys, require, validate_run, validate_sparsities
 from training.optim import check_optimizer
+from training.presets import register_help
 
 
 @dataclasses.dataclass
@@ -88,6 +89,8 @@ class GPT2RunConfig(RunConfig):
 
 
 def register_configs() -> None:
+    """The schemas, and `--help`'s list of this pipeline's presets (the primary config names it)."""
+    register_help("gpt2", "train GPT-2 with any optimizer, prune it one-shot, report perplexity after pruning")
     cs = ConfigStore.instance()
     cs.store(name="schema_gpt2_run", node=GPT2RunConfig)
     cs.store(group="model", name="schema_gpt2", node=GPT2ModelConfig)

@@ -14,6 +14,7 @@ from omegaconf import MISSING, DictConfig
 import pruning
 from training.config import ConfigError, RunConfig, check_known_keys, require, validate_run
 from training.optim import check_optimizer
+from training.presets import register_help
 
 
 @dataclasses.dataclass
@@ -100,6 +101,8 @@ class ViTRunConfig(RunConfig):
 
 
 def register_configs() -> None:
+    """The schemas, and `--help`'s list of this pipeline's presets (the primary config names it)."""
+    register_help("vit", "train a ViT/DeiT under AC/DC with any optimizer, report the final sparse model's accuracy")
     cs = ConfigStore.instance()
     cs.store(name="schema_vit_run", node=ViTRunConfig)
     cs.store(group="model", name="schema_vit", node=ViTModelConfig)
