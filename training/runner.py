@@ -63,7 +63,7 @@ RESUMABLE_CHANGES = ("resume", "logging", "device", "compile", "cpu_threads")
 
 
 class NonFiniteLossError(RunError):
-    """The training loss became NaN or infinite; the weights were not updated with it."""
+    """The training loss became NaN or infinite; no checkpoint is written after it."""
 
     exit_code = NON_FINITE_EXIT_CODE
 
