@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: demo test test-all bench gpu-check venv clean
+.PHONY: demo study check-results test test-all bench gpu-check venv clean
 
 venv: $(STAMP)
 
@@ -21,8 +21,17 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
+# The embedded study at one seed (<= 15 min on 2 cores): results/demo/
 demo: $(STAMP)
-	$(PY) scripts/demo.py
+	$(PY) scripts/embedded_study.py --demo
+
+# The embedded study: 5 seeds, paired statistics, the paper's claims at this scale (~1.5 h on 2 cores): results/embedded/
+study: $(STAMP)
+	$(PY) scripts/embedded_study.py
+
+# Rerun one committed cell of each pipeline and compare with results/embedded/runs.csv
+check-results: $(STAMP)
+	$(PY) scripts/embedded_study.py --check
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -34,8 +34,7 @@ def gpt2_run(pydoc_dir, tmp_path_factory):  # noqa: F811
     )  # fmt: skip
     summary = run(compose_cfg(overrides), run_dir=run_dir)
     torch.set_num_threads(threads)
-    _, val = load_data(compose_cfg(overrides).data, context=32, is_main=True)
-    return summary, run_dir, val
+    return summary, run_dir, load_data(compose_cfg(overrides).data, context=32, is_main=True).val
 
 
 def loaded_ppl(folder, val) -> tuple[float, torch.nn.Module]:
@@ -59,13 +58,18 @@ def test_end_of_run_export_loads_with_transformers_and_gives_the_runs_perplexity
     assert (folder / "model.safetensors").is_file()
 
 
-def test_exported_tokenizer_loads_offline_and_matches_gpt2s(gpt2_run):
+def test_exported_tokenizer_loads_offline_and_gives_the_runs_token_ids(gpt2_run):
+    """The run trained over its corpus's compact vocabulary: the exported tokenizer is GPT-2's
+    segmentation in those ids (vocabulary.json maps them back to GPT-2's)."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(gpt2_run[1] / "export")
+    run_dir = gpt2_run[1]
+    tokenizer = AutoTokenizer.from_pretrained(run_dir / "export")
+    gpt2_ids = json.loads((run_dir / "vocabulary.json").read_text())["gpt2_ids"]
     text = "def f(x):\n    return x <|endoftext|>"
-    assert tokenizer(text)["input_ids"] == gpt2_tokenizer()(text)["input_ids"]
-    assert tokenizer.eos_token_id == 50256
+    assert [gpt2_ids[i] for i in tokenizer(text)["input_ids"]] == gpt2_tokenizer()(text)["input_ids"]
+    assert tokenizer.eos_token_id == len(gpt2_ids) - 1 == gpt2_run[0]["data"]["vocab_size"] - 1
+    assert "compact vocabulary" in (run_dir / "export" / "README.md").read_text()
 
 
 def test_script_exports_a_run_at_a_sparsity_with_exact_zeros(gpt2_run, tmp_path, capsys):

@@ -11,17 +11,24 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from training.gpt2.data import (
     EOT,
     DatasetNotPreparedError,
     RandomWindows,
+    check_run_vocabulary,
+    corpus_tokenizer,
+    corpus_vocabulary,
     encode_documents,
     gpt2_tokenizer,
+    load_data,
     load_split,
     prepare_pydoc,
     write_tokens,
 )
+
+from training.config import RunError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,6 +60,56 @@ def test_prepare_pydoc_splits_the_topics_token_stream(tmp_path):
     text = gpt2_tokenizer().decode(stream[: np.argmax(stream == EOT)].tolist())
     assert text in topics.values()
     assert not list(tmp_path.glob("*.tmp"))
+
+
+@pytest.fixture(scope="module")
+def pydoc(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("pydoc")
+    prepare_pydoc(folder)
+    return folder
+
+
+def test_corpus_vocabulary_is_the_corpus_tokens_closed_under_the_merges(pydoc):
+    train, val = load_split(pydoc, "train", prepare_command="x"), load_split(pydoc, "val", prepare_command="x")
+    vocabulary = corpus_vocabulary(train, val)
+    assert (np.diff(vocabulary) > 0).all() and vocabulary[-1] == EOT
+    assert set(np.unique(np.concatenate([train, val])).tolist()) <= set(vocabulary.tolist())
+    assert set(range(256)) <= set(vocabulary.tolist())  # the bytes: any text encodes
+    assert 5_000 < len(vocabulary) < 8_000  # vs 50257
+    spec = json.loads(gpt2_tokenizer().backend_tokenizer.to_str())["model"]
+    names = {i: t for t, i in spec["vocab"].items()}
+    kept = {names[i] for i in vocabulary.tolist()}
+    for a, b in spec["merges"]:  # closed: every kept token's two parts are kept
+        if a + b in kept:
+            assert a in kept and b in kept, (a, b)
+    # By hand: GPT-2 builds " the" (262, "Ġthe") as "Ġt" + "he", from "Ġ" + "t" and "h" + "e".
+    small = corpus_vocabulary(np.array([262, EOT]))
+    assert small[256:].tolist() == sorted([spec["vocab"]["Ġt"], spec["vocab"]["he"], 262, EOT])  # after the 256 bytes
+
+
+def test_corpus_tokenizer_gives_gpt2s_segmentation_in_compact_ids(pydoc):
+    from pydoc_data.topics import topics
+
+    data = load_data(OmegaConf.create({"name": "pydoc", "dir": str(pydoc), "vocabulary": "corpus"}), context=16, is_main=True)
+    full = load_split(pydoc, "train", prepare_command="x")
+    np.testing.assert_array_equal(data.vocabulary[data.train], full)  # the same tokens, renumbered
+    assert data.vocab_size == len(data.vocabulary) and int(data.train.max()) < data.vocab_size
+    tokenizer = corpus_tokenizer(data.vocabulary)
+    compact = {int(g): i for i, g in enumerate(data.vocabulary)}
+    texts = list(topics.values())
+    for text, ids in zip(texts, gpt2_tokenizer()(texts, split_special_tokens=True)["input_ids"]):  # the whole corpus
+        assert tokenizer(text, split_special_tokens=True)["input_ids"] == [compact[i] for i in ids]
+    assert tokenizer.eos_token_id == data.vocab_size - 1 and tokenizer.decode([data.vocab_size - 1]) == "<|endoftext|>"
+    unseen = "Ωmega ∑ 数据 🙂 zyzzyva"  # outside the corpus: still encodes, through the byte tokens
+    ids = tokenizer(unseen)["input_ids"]
+    assert max(ids) < data.vocab_size and tokenizer.decode(ids) == unseen
+
+
+def test_a_run_refuses_to_continue_with_another_vocabulary(tmp_path):
+    check_run_vocabulary(tmp_path, np.array([0, 1, EOT]))
+    check_run_vocabulary(tmp_path, np.array([0, 1, EOT]))  # the same: fine
+    with pytest.raises(RunError, match="records another vocabulary.*start a new run folder"):
+        check_run_vocabulary(tmp_path, None)
 
 
 def test_missing_or_unfinished_dataset_is_one_clear_error(tmp_path):

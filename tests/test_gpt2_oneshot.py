@@ -27,9 +27,9 @@ def prune_cfg(**changes):
 def nano(pydoc_dir):  # noqa: F811
     cfg = compose_cfg(tiny_overrides(pydoc_dir))
     torch.manual_seed(0)
-    model = build_model(cfg.model).eval()
-    train, val = load_data(cfg.data, context=cfg.model.n_positions, is_main=True)
-    return model, cfg, train, val
+    data = load_data(cfg.data, context=cfg.model.n_positions, is_main=True)
+    model = build_model(cfg.model, vocab_size=data.vocab_size).eval()
+    return model, cfg, data.train, data.val
 
 
 def test_plan_is_dense_once_then_methods_by_patterns():

