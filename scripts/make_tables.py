@@ -274,12 +274,19 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def optimizer_label(opt: dict[str, Any]) -> str:
-    """`adamw`, `ham (alpha=200, beta=0.001)`, `horst (alpha=10, beta=0.1)`; HORST's ablation
-    order reads `horst-sm (...)`."""
+def optimizer_name(opt: dict[str, Any]) -> str:
+    """The optimizer's name, HORST's ablation order as `horst-sm`: a different method, so it
+    gets neither HORST's paper numbers nor a line against the paper's claims about HORST."""
     name = opt["name"]
     if name == "horst" and opt.get("order", "ms") != "ms":
         name = f"horst-{opt['order']}"
+    return name
+
+
+def optimizer_label(opt: dict[str, Any]) -> str:
+    """`adamw`, `ham (alpha=200, beta=0.001)`, `horst (alpha=10, beta=0.1)`; HORST's ablation
+    order reads `horst-sm (...)`."""
+    name = optimizer_name(opt)
     if "alpha" in opt:
         return f"{name} (alpha={_fmt(opt['alpha'])}, beta={_fmt(opt['beta'])})"
     return name
@@ -360,8 +367,11 @@ def _values(run: Run) -> list[tuple[float, float | None]]:
 
 
 def is_paper_row(result: dict) -> bool:
-    """A one-shot result of the paper's protocol (unstructured magnitude pruning); rows of
-    runs from before `prune.methods` existed have no method and are such rows."""
+    """A one-shot result of the paper's protocol (unstructured magnitude pruning), or the dense
+    model it starts from (method `none`, pattern `dense`: the 0 % column); rows of runs from
+    before `prune.methods` existed have no method and are such rows."""
+    if result.get("pattern") == "dense":
+        return True
     return result.get("method", "magnitude") == "magnitude" and result.get("pattern", "unstructured") == "unstructured"
 
 
@@ -410,7 +420,7 @@ def tidy_values(runs: list[Run]) -> pd.DataFrame:
         for sparsity, value in _values(run):
             records.append({
                 "data": data, "model": model, "setting": setting, "optimizer": optimizer,
-                "optimizer_name": opt["name"], "alpha": opt.get("alpha"), "beta": opt.get("beta"),
+                "optimizer_name": optimizer_name(opt), "alpha": opt.get("alpha"), "beta": opt.get("beta"),
                 "sparsity": sparsity, "value": math.nan if value is None else float(value), "seed": run.seed,
                 "folder": run.folder, "timm_name": run.summary["model"].get("timm_name"), "imagenet": is_imagenet(run),
             })  # fmt: skip

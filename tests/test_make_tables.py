@@ -409,3 +409,36 @@ def test_run_count_column_per_cell_where_counts_differ():
 
     assert make_tables._n_text(pd.Series([2, 2, 2]), "–") == "2"
     assert make_tables._n_text(pd.Series([2, 1, float("nan")]), "–") == "2, 1, –"
+
+
+def test_gpt2_rows_of_the_current_format_and_the_dense_model(tmp_path: Path):
+    """train_gpt2.py's results name their method and pattern: the dense model (`none`, `dense`)
+    is the 0 % column, Wanda's and 2:4's rows are not the paper's table."""
+    run = write_gpt2_run(tmp_path / "runs" / "a", opt=optimizer("adamw"), ppl=[30.0, 31.0, 40.0])
+    summary = json.loads((run / "summary.json").read_text())
+    dense, *magnitude = summary["pruning"]["results"]
+    dense |= {"label": "0", "method": "none", "pattern": "dense"}
+    for result in magnitude:
+        result |= {"label": f"{result['sparsity']:g}", "method": "magnitude", "pattern": "unstructured"}
+    summary["pruning"]["results"] += [
+        {"label": "wanda@0.5", "method": "wanda", "pattern": "unstructured", "sparsity": 0.5, "ppl": 1.0},
+        {"label": "magnitude@2:4", "method": "magnitude", "pattern": "2:4", "sparsity": 0.5, "ppl": 2.0},
+    ]  # fmt: skip
+    (run / "summary.json").write_text(json.dumps(summary))
+    text = make_tables.make_tables([tmp_path / "runs"], tmp_path / "out")
+    assert "| data | model | optimizer | 0 % | 50 % | 90 % | n |" in text
+    assert "| pydoc | gpt2_tiny | adamw | 30.00 | 31.00 | 40.00 | 1 |" in text
+
+
+def test_horst_ablation_order_is_not_horst(tmp_path: Path):
+    """HORST's order "sm" (S∘M, the paper's ablation) is another method: no HORST paper number
+    beside it, no line against the paper's claims about HORST."""
+    root = tmp_path / "runs"
+    write_vit_run(root / "sm", opt=optimizer("horst", order="sm"), top1=0.80, imagenet=True)
+    write_vit_run(root / "adamw", opt=optimizer("adamw"), top1=0.65, imagenet=True)
+    text = make_tables.make_tables([root], tmp_path / "out")
+    assert "| imagefolder | deit_small | horst-sm (alpha=10, beta=0.1) | 80.00 | 1 |" in text
+    assert "| imagefolder | deit_small | horst | – (70.50) | – |" in text  # the paper's HORST: a row of its own
+    assert "better than" not in text
+    rows = read_csv(tmp_path / "out" / "vit_acdc.csv")
+    assert {r["optimizer_name"] for r in rows} == {"adamw", "ham", "horst", "horst-sm"}
