@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import shlex
@@ -258,6 +259,10 @@ def check_results(out: Path, scratch: Path) -> int:
         for metric in METRICS[pipeline]:
             kind, tolerance = TOLERANCE[metric]
             before, after = float(row[metric]), float(rerun[metric])
+            if not (math.isfinite(before) and math.isfinite(after)):
+                print(f"  {metric}: committed {before}, rerun {after}: not comparable")
+                worst = 1
+                continue
             off = abs(after - before) / (abs(before) if kind == "relative" else 1.0)
             verdict = "identical" if after == before else "within tolerance" if off <= tolerance else "OUT OF TOLERANCE"
             worst = max(worst, int(off > tolerance))

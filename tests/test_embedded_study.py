@@ -19,10 +19,10 @@ study = importlib.util.module_from_spec(_spec)
 sys.modules["embedded_study"] = study  # dataclasses look their module up by name
 _spec.loader.exec_module(study)
 
-TINY_VIT = ("train.epochs=3", "train.warmup_epochs=1", "acdc.dense_warmup=1", "acdc.compressed=1", "acdc.decompressed=0",
-            "acdc.final_decompressed=0", "acdc.final_compressed=1")  # fmt: skip
+TINY_VIT = ("train.epochs=4", "train.warmup_epochs=1", "acdc.dense_warmup=1", "acdc.compressed=1", "acdc.decompressed=1",
+            "acdc.final_decompressed=1", "acdc.final_compressed=1")  # fmt: skip
 TINY_GPT2 = ("model=gpt2_nano", "train.max_steps=4", "train.warmup_steps=1", "train.batch_size=2", "train.micro_batch_size=2",
-             "train.eval_interval=0", "eval.max_windows=8", "prune.sparsities=[0.0,0.5]", "prune.calibration_windows=2")  # fmt: skip
+             "train.eval_interval=0", "eval.max_windows=8", "prune.sparsities=[0.0,0.5,0.9]", "prune.calibration_windows=2")  # fmt: skip
 
 
 def test_plan_of_the_study_and_of_the_demo():
