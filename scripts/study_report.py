@@ -504,10 +504,11 @@ def wanda_sentence(rows: Sequence[Row]) -> str:
     """Whether Wanda beat magnitude pruning for AdamW at 50 % and at 2:4 (the usual finding), from the numbers."""
     adamw = {r.first[1].pattern: r.paired for r in rows if r.first[0] == "adamw"}
     findings = [_wanda_finding(adamw.get(pattern), where) for pattern, where in (("unstructured", "50 %"), ("2:4", "2:4"))]
-    usual = all(d == BETTER for _, d in findings)
+    usual = [where for (_, d), where in zip(findings, ("50 %", "2:4")) if d == BETTER]
     against = any(d == WORSE for _, d in findings)
-    summary = ("the usual finding (Wanda below magnitude) holds at both" if usual else
+    summary = ("the usual finding (Wanda below magnitude) holds at both" if len(usual) == 2 else
                "unlike the usual finding (Wanda below magnitude)" if against else
+               f"the usual finding (Wanda below magnitude) holds at {usual[0]} only" if usual else
                "the usual finding (Wanda below magnitude) is not established here")  # fmt: skip
     return f"AdamW, at this scale: Wanda gave {findings[0][0]}, and {findings[1][0]}; {summary}."
 

@@ -30,9 +30,9 @@ def test_plan_of_the_study_and_of_the_demo():
     names = [g.name for g in groups]
     assert names[:4] == ["gpt2/adamw", "gpt2/ham", "gpt2/horst", "gpt2/horst_sm"]  # the long runs first
     assert "vit/horst_sm/s0.98" in names and "vit/horst_reset/s0.9" in names and "gpt2/horst_prunable" in names
-    assert len(groups) == 4 + 4 * 4 + 2
+    assert len(groups) == 4 + 4 * 6 + 2
     demo = study.plan(study.DEMO["optimizers"], study.DEMO["sparsities"], ablations=False)
-    assert len(demo) == 3 + 3 * 4 and not any("horst_sm" in g.name or "reset" in g.name for g in demo)
+    assert len(demo) == 3 + 3 * 6 and not any("horst_sm" in g.name or "reset" in g.name for g in demo)
 
 
 def test_command_of_a_group(tmp_path: Path):
@@ -44,7 +44,7 @@ def test_command_of_a_group(tmp_path: Path):
         assert override in command, override
 
 
-@pytest.mark.slow  # composes 22 configs in subprocesses (~3 min of CPU)
+@pytest.mark.slow  # composes 30 configs in subprocesses (~3 min of CPU)
 def test_every_planned_command_composes(tmp_path: Path):
     """Hydra accepts every multirun's overrides (`--cfg job` composes, runs nothing)."""
     for group in study.plan(study.STUDY["optimizers"], study.STUDY["sparsities"], ablations=True):
