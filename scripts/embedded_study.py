@@ -318,12 +318,13 @@ Produced by `{command}` at commit `{commit}`, started {started:%Y-%m-%d %H:%M} U
 (a resumed study runs only what is missing: the runs themselves record commit(s) {commits}, and
 took {runs.wall_time_s.sum() / 60:.0f} min of single-thread run time in all).
 Machine: {machine()}; {jobs} multiruns side by side, every run on 1 torch thread. Load
-average before {loads[0]}, after {loads[1]}.
+average (1, 5, 15 min) before {loads[0]}, after {loads[1]}.
 
 Determinism: on the same machine with the same thread count a cell reruns to the same
-numbers (`make check-results` reruns one cell of each pipeline and compares); on another
-machine or thread count, floating-point summation order differs and a cell agrees within the
-tolerance `scripts/check_results.py` states, not exactly.
+numbers (`make check-results`, i.e. `python scripts/embedded_study.py --check`, reruns seed 0
+of the HORST cells of both pipelines and compares with `runs.csv`); on another machine or
+thread count the floating-point summation order differs, and a cell should agree within the
+tolerance `--check` states (2 of the 360 validation images; 1 % of a perplexity), not exactly.
 
 Small models on small data, not the paper's scale: {scale(runs_dir)}. The optimizers'
 alpha/beta are the pipelines' picks on these benchmarks (configs/tuning/, results/tuning/);

@@ -53,10 +53,33 @@ def test_every_planned_command_composes(tmp_path: Path):
         assert result.returncode == 0, (group.name, result.stderr[-2000:])
 
 
-def test_tiny_study_runs_resumes_and_reports(tmp_path: Path, monkeypatch, capsys):
-    """Two real multiruns of two seeds each (tiny settings), then the same call again."""
+def tiny(monkeypatch) -> None:
     monkeypatch.setitem(study.SETTINGS, "vit", (*study.SETTINGS["vit"], *TINY_VIT))
     monkeypatch.setitem(study.SETTINGS, "gpt2", (*study.SETTINGS["gpt2"], *TINY_GPT2))
+
+
+def test_tiny_study_runs_and_resumes(tmp_path: Path, monkeypatch, capsys):
+    """Two real multiruns of one seed each (tiny settings) side by side, then the same call
+    again, which runs nothing and writes the same report."""
+    tiny(monkeypatch)
+    argv = ["--seeds", "1", "--optimizers", "adamw", "--sparsities", "0.9", "--no-ablations", "--runs-dir",
+            str(tmp_path / "runs"), "--out", str(tmp_path / "out")]  # fmt: skip
+    assert study.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "2 of 2 runs to do, in 2 multiruns, 2 at a time" in printed
+    assert "gpt2/adamw/seed0: perplexity" in printed and "vit/adamw/s0.9/seed0: top-1" in printed
+    table = pd.read_csv(tmp_path / "out" / "runs.csv")
+    assert list(table.state) == ["finished", "finished"] and (table.threads == 1).all()
+    assert {"claims.md", "paired.md", "pruners.md", "tables.md", "README.md"} <= {p.name for p in (tmp_path / "out").iterdir()}
+    assert study.main(argv) == 0
+    assert "0 of 2 runs to do" in capsys.readouterr().out
+
+
+@pytest.mark.slow  # ~80 s: eight tiny runs in subprocesses
+def test_tiny_study_resumes_lists_failures_and_checks(tmp_path: Path, monkeypatch, capsys):
+    """Two real multiruns of two seeds each (tiny settings), then the same call again, then
+    `--check` on the result and on a tampered runs.csv."""
+    tiny(monkeypatch)
     runs, out = tmp_path / "runs", tmp_path / "out"
     argv = ["--seeds", "2", "--optimizers", "adamw", "--sparsities", "0.9", "--no-ablations", "--runs-dir", str(runs),
             "--out", str(out)]  # fmt: skip

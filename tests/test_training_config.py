@@ -73,14 +73,15 @@ def test_typo_in_an_experiment_file_fails_before_any_work(tmp_path):
         validate(_compose(f"hydra.searchpath=[file://{tmp_path}]", "experiment=typo"), world_size=1)
 
 
-@pytest.mark.parametrize("optimizer", ["horst", "ham"])
-def test_alpha_beta_picks_apply_to_the_embedded_recipe_only(optimizer):
+@pytest.mark.parametrize(("optimizer", "same_as_library"), [("horst", False), ("ham", True)])
+def test_alpha_beta_picks_apply_to_the_embedded_recipe_only(optimizer, same_as_library):
     """configs/tuning/gpt2/pydoc_<optimizer>.yaml (results/tuning/) overrides the library values
-    on the embedded benchmark; the paper's setting keeps the published (HAM) and library (HORST)
-    values, which a 7M-parameter sweep does not transfer to."""
+    on the embedded benchmark (HAM's pick is its authors' 200 / 1e-3, the library's too); the
+    paper's setting keeps the published (HAM) and library (HORST) values, which a
+    2M-parameter sweep does not transfer to."""
     picked = OmegaConf.load(Path(CONFIGS) / "tuning" / "gpt2" / f"pydoc_{optimizer}.yaml")
     library = OmegaConf.load(Path(CONFIGS) / "optimizer" / f"{optimizer}.yaml")
-    assert (picked.alpha, picked.beta) != (library.alpha, library.beta)
+    assert ((picked.alpha, picked.beta) == (library.alpha, library.beta)) == same_as_library
     cfg = _compose(f"optimizer={optimizer}")
     assert (cfg.optimizer.alpha, cfg.optimizer.beta) == (picked.alpha, picked.beta)
     paper = _compose(f"optimizer={optimizer}", "experiment=gpt2_small_slimpajama")
