@@ -56,7 +56,7 @@ def test_gpt2_run_reads_at_a_glance_in_wandb(pydoc_dir, tmp_path, monkeypatch):
     logged = read_wandb_run(run_dir)
 
     run = logged["run"]
-    assert run.display_name == "gpt2_nano horst(a=100,b=1) seed0" and run.run_group == "table_a"
+    assert run.display_name == "gpt2_nano horst(a=30,b=1) seed0" and run.run_group == "table_a"
     assert run.job_type == "gpt2" and {"horst", "gpt2_nano", "pydoc"} <= set(run.tags)
     keys = logged_keys(logged["history"])
     assert {"train/loss", "train/lr", "train/tokens", "perf/tokens_per_s", "val/loss", "val/ppl"} <= keys
