@@ -25,6 +25,10 @@ each run on one thread (one process per core beats two threads per process at th
 sizes). Resumable: a seed whose folder holds `summary.json` is not run again, an unfinished
 one continues from its checkpoint (`resume: auto`), a failed one (`failed.json`) is
 reported, not retried (delete its folder to retry). One progress line per finished run.
+A finished run whose `config.yaml` differs from the config this code composes for its cell
+(a recipe or a tuned value changed since it ran) stops the study before anything runs, named
+with the differing keys: delete it to rerun it. The report covers the planned multiruns'
+folders only, so runs of another plan left in `--runs-dir` stay out of it.
 """
 
 from __future__ import annotations
@@ -95,13 +99,16 @@ class Group:
     def folder(self, runs_dir: Path) -> Path:
         return runs_dir / self.name
 
-    def command(self, runs_dir: Path, seeds: list[int], *, python: str = "python") -> list[str]:
+    def arguments(self, runs_dir: Path, seeds: list[int]) -> list[str]:
+        """The multirun's command-line overrides."""
         sparsity = () if self.sparsity is None else (f"acdc.sparsity={self.sparsity:g}",)
         return [
-            python, SCRIPTS[self.pipeline], "-m", *self.overrides, *sparsity, *SETTINGS[self.pipeline], "cpu_threads=1",
-            f"seed={','.join(map(str, seeds))}", f"hydra.sweep.dir={_shown(self.folder(runs_dir))}",
-            "hydra.sweep.subdir=seed${seed}",
+            *self.overrides, *sparsity, *SETTINGS[self.pipeline], "cpu_threads=1", f"seed={','.join(map(str, seeds))}",
+            f"hydra.sweep.dir={_shown(self.folder(runs_dir))}", "hydra.sweep.subdir=seed${seed}",
         ]  # fmt: skip
+
+    def command(self, runs_dir: Path, seeds: list[int], *, python: str = "python") -> list[str]:
+        return [python, SCRIPTS[self.pipeline], "-m", *self.arguments(runs_dir, seeds)]
 
 
 def plan(optimizers: list[str], sparsities: list[float], *, ablations: bool) -> list[Group]:
@@ -120,6 +127,41 @@ def seed_state(folder: Path) -> str:
     if (folder / "failed.json").is_file():
         return "failed"
     return "unfinished" if folder.exists() else "new"
+
+
+def stale_runs(groups: list[Group], seeds: list[int], runs_dir: Path) -> list[str]:
+    """`folder: key: old -> new; ...` for every finished run whose `config.yaml` differs from the
+    config this code composes for its cell (a recipe, a tuned alpha/beta or a default changed
+    since it ran): a resumed study would otherwise report its numbers as this code's. Keys
+    that do not change a run's numbers (`training.runner.RESUMABLE_CHANGES`) are not compared."""
+    import yaml
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf, open_dict
+
+    import plan
+    from training.runner import RESUMABLE_CHANGES, config_differences
+
+    entries: dict[str, plan.Entry] = {}
+    stale = []
+    for group in groups:
+        finished = [s for s in seeds if seed_state(group.folder(runs_dir) / f"seed{s}") == "finished"]
+        if not finished:
+            continue
+        if group.pipeline not in entries:  # imports the entry point, which registers its config schemas
+            entries[group.pipeline] = plan.load_entry(REPO / SCRIPTS[group.pipeline])
+        _, cells = plan.expand(entries[group.pipeline], group.arguments(runs_dir, finished))
+        for cell in cells:
+            HydraConfig.instance().set_config(cell.config)  # for ${hydra:...} in the job's keys
+            job = cell.config.copy()
+            with open_dict(job):
+                del job["hydra"]
+            composed = OmegaConf.to_container(job, resolve=True)
+            folder = group.folder(runs_dir) / f"seed{composed['seed']}"
+            recorded = yaml.safe_load((folder / "config.yaml").read_text()) if (folder / "config.yaml").is_file() else {}
+            differences = config_differences(recorded, composed, ignore=RESUMABLE_CHANGES)
+            if differences:
+                stale.append(f"{_shown(folder)}: {'; '.join(differences)}")
+    return stale
 
 
 def headline(summary: dict) -> str:
@@ -365,6 +407,12 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="check-results-") as scratch:
             return check_results(out, Path(scratch))
 
+    stale = stale_runs(groups, seeds, runs_dir)
+    if stale:
+        print(f"error: {len(stale)} finished run(s) in {_shown(runs_dir)} were made with other settings than this code "
+              "composes for their cell; their numbers are not this code's. Delete them to rerun them (or pass another "
+              "--runs-dir):\n" + "\n".join(f"  {line}" for line in stale), file=sys.stderr)  # fmt: skip
+        return 2
     command = shlex.join(["python", "scripts/embedded_study.py", *(sys.argv[1:] if argv is None else argv)])
     commit, started, load_before, clock = git_commit(), datetime.datetime.now(datetime.timezone.utc), load(), time.monotonic()
     if not args.report_only:
@@ -375,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     runs = runs_table(groups, seeds, runs_dir)
     runs.to_csv(out / "runs.csv", index=False)
-    report_md = study_report.write_report(runs_dir, out)
+    report_md = study_report.write_report(runs_dir, out, folders=[g.folder(runs_dir) for g in groups])
     (out / "README.md").write_text(readme(
         command=command, commit=commit, started=started, total_s=time.monotonic() - clock, jobs=args.jobs, groups=groups,
         seeds=seeds, runs_dir=runs_dir, runs=runs, loads=(load_before, load()), report_md=report_md,

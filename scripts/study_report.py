@@ -308,10 +308,10 @@ def _variant(run: Run, runs_dir: Path) -> tuple[str | None, str]:
     return variant, ""
 
 
-def load(runs_dir: Path) -> Study:
-    """Every run folder below `runs_dir`: finished runs into the study; failed, unfinished,
-    misplaced runs and seeds run twice into `left_out`."""
-    found = make_tables.scan([runs_dir])
+def load(runs_dir: Path, folders: Sequence[Path] | None = None) -> Study:
+    """Every run folder below `runs_dir` (or only below those of `folders` that exist): finished
+    runs into the study; failed, unfinished, misplaced runs and seeds run twice into `left_out`."""
+    found = make_tables.scan(_existing(runs_dir, folders))
     study = Study(runs_dir)
     for run in found.failed:
         reason = str(run.summary.get("reason") or "").splitlines()
@@ -711,12 +711,20 @@ def claims_markdown(study: Study) -> str:
 # ---------------------------------------------------------------------------------- main
 
 
-def write_report(runs_dir: Path, out: Path) -> str:
+def _existing(runs_dir: Path, folders: Sequence[Path] | None) -> list[Path]:
+    if folders is None:
+        return [runs_dir]
+    return [Path(f) for f in folders if Path(f).is_dir()] or [runs_dir]
+
+
+def write_report(runs_dir: Path, out: Path, *, folders: Sequence[Path] | None = None) -> str:
     """Write paired.{md,csv}, pruners.{md,csv}, claims.md and make_tables' tables and figures
-    into `out`; return the markdown of claims.md, paired.md, pruners.md and tables.md."""
+    into `out`; return the markdown of claims.md, paired.md, pruners.md and tables.md. The runs
+    are those below `runs_dir`, or only below `folders` (a study's planned multiruns: runs of
+    another plan left in the same folder stay out)."""
     runs_dir, out = Path(runs_dir), Path(out)
-    tables = make_tables.make_tables([runs_dir], out)
-    study = load(runs_dir)
+    tables = make_tables.make_tables(_existing(runs_dir, folders), out)
+    study = load(runs_dir, folders)
     rows, not_compared = optimizer_rows(study)
     pruners = pruner_rows(study)
     rows_frame([*rows, *pruners]).to_csv(out / "paired.csv", index=False)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -60,7 +61,8 @@ def tiny(monkeypatch) -> None:
 
 def test_tiny_study_runs_and_resumes(tmp_path: Path, monkeypatch, capsys):
     """Two real multiruns of one seed each (tiny settings) side by side, then the same call
-    again, which runs nothing and writes the same report."""
+    again, which runs nothing and writes the same report, then once more after a setting
+    changed, which is refused."""
     tiny(monkeypatch)
     argv = ["--seeds", "1", "--optimizers", "adamw", "--sparsities", "0.9", "--no-ablations", "--runs-dir",
             str(tmp_path / "runs"), "--out", str(tmp_path / "out")]  # fmt: skip
@@ -71,8 +73,25 @@ def test_tiny_study_runs_and_resumes(tmp_path: Path, monkeypatch, capsys):
     table = pd.read_csv(tmp_path / "out" / "runs.csv")
     assert list(table.state) == ["finished", "finished"] and (table.threads == 1).all()
     assert {"claims.md", "paired.md", "pruners.md", "tables.md", "README.md"} <= {p.name for p in (tmp_path / "out").iterdir()}
+    report = (tmp_path / "out" / "tables.md").read_text()
+
+    # A run of another plan left in the runs folder (here a copy at a sparsity not asked for,
+    # which would also be a second seed-0 run of the same cell) stays out of the report.
+    shutil.copytree(tmp_path / "runs" / "vit" / "adamw" / "s0.9", tmp_path / "runs" / "vit" / "adamw" / "s0.8")
     assert study.main(argv) == 0
     assert "0 of 2 runs to do" in capsys.readouterr().out
+    assert (tmp_path / "out" / "tables.md").read_text() == report
+    assert "none used" not in (tmp_path / "out" / "paired.md").read_text()
+
+    # A finished run made with other settings than the code now composes is refused, named
+    # with its differing key, and neither rerun nor reported.
+    finished = (tmp_path / "runs" / "gpt2" / "adamw" / "seed0" / "summary.json").stat().st_mtime
+    monkeypatch.setitem(study.SETTINGS, "gpt2", (*study.SETTINGS["gpt2"], "train.max_steps=5"))
+    assert study.main(argv) == 2
+    printed = capsys.readouterr()
+    assert "error: 1 finished run(s)" in printed.err and "gpt2/adamw/seed0: train.max_steps: 4 -> 5" in printed.err
+    assert "runs to do" not in printed.out
+    assert (tmp_path / "runs" / "gpt2" / "adamw" / "seed0" / "summary.json").stat().st_mtime == finished
 
 
 @pytest.mark.slow  # ~80 s: eight tiny runs in subprocesses
