@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -16,6 +21,7 @@ from training.vit.data import (
     eval_loader,
 )
 
+REPO = Path(__file__).resolve().parents[1]
 DEIT_AUG = dict(
     auto_augment="rand-m9-mstd0.5-inc1", color_jitter=0.4, hflip=0.5, scale=[0.08, 1.0], interpolation="bicubic",
     re_prob=0.25, re_mode="pixel", re_count=1, crop_pct=0.875,
@@ -222,3 +228,43 @@ def test_check_imagefolder_script_finds_every_unreadable_file(imagenet_root):
     assert result.returncode == 1
     assert "cut.JPEG: OSError" in result.stdout and "notes.JPEG: UnidentifiedImageError" in result.stdout
     assert "2 of 6 files cannot be read" in result.stdout
+
+
+SLURM_SIGNALS_EVERY_PROCESS = """
+import os, signal, sys, time
+import multiprocessing
+import torch
+from torch.utils.data import TensorDataset
+from training.preemption import PreemptionGuard
+from training.vit.data import TrainLoader, eval_loader
+
+if __name__ == "__main__":
+    multiprocessing.set_start_method(sys.argv[1], force=True)
+    data = TensorDataset(torch.arange(32.0))
+    train = TrainLoader(data, batch_size=4, seed=0, rank=0, world_size=1, repeated_aug=1, num_workers=2,
+                        pin_memory=False)
+    guard = PreemptionGuard()
+    seen = []
+    for epoch in range(2):
+        for batch, (x,) in enumerate(train.epoch(epoch)):
+            seen += x.tolist()
+            if epoch == 0 and batch == 1:
+                os.killpg(0, signal.SIGUSR2)  # what SLURM does: every process of the job
+                time.sleep(0.5)
+    seen += [v for (x,) in eval_loader(data, batch_size=8, rank=0, world_size=1, num_workers=2, pin_memory=False)
+             for v in x.tolist()]
+    print(len(seen), guard.requested())
+"""
+
+
+def test_loader_workers_leave_the_preemption_signal_to_the_trainer(tmp_path):
+    """SLURM's SIGUSR2 reaches every process of the job. Workers started by forkserver
+    (Python 3.14's default on Linux; spawn is the same case) would die of it and fail the
+    epoch before the checkpoint; they start with it blocked, and the training process
+    records it."""
+    script = tmp_path / "job.py"
+    script.write_text(SLURM_SIGNALS_EVERY_PROCESS)
+    done = subprocess.run([sys.executable, str(script), "forkserver"], capture_output=True, text=True, timeout=120,
+                          start_new_session=True, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["96", "True"]  # two whole epochs and the validation pass; the signal recorded

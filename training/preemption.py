@@ -16,11 +16,12 @@ that checkpoint (``resume=auto``): no step is lost or repeated.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import sys
 from types import FrameType
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -66,3 +67,18 @@ class PreemptionGuard:
 
     def close(self) -> None:
         signal.signal(self.signum, self._previous)
+
+
+@contextlib.contextmanager
+def signal_blocked(signum: int = signal.SIGUSR2) -> Iterator[None]:
+    """Hold `signum` back while child processes start (DataLoader workers, multiprocessing's
+    fork server and resource tracker). A blocked signal stays blocked across fork and exec, so
+    the children never act on it; one sent to this process meanwhile is delivered when the
+    block ends. SLURM signals every process of the job, and a child started by spawn or
+    forkserver (Python 3.14's default on Linux) would otherwise die of SIGUSR2's default
+    action, failing the epoch before the checkpoint is written."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)

@@ -24,6 +24,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset
 
 from training.config import RunError
+from training.preemption import signal_blocked
 
 IMAGENET_LAYOUT = (
     "expected an ImageNet-style ImageFolder root: <root>/train/<class>/<image> and "
@@ -278,6 +279,15 @@ class _Items(Sampler):
         return len(self.items)
 
 
+class _Loader(DataLoader):
+    """A DataLoader whose worker processes leave SLURM's preemption signal to the training
+    process: they start, on iteration, with it blocked (`training.preemption.signal_blocked`)."""
+
+    def __iter__(self):
+        with signal_blocked():
+            return super().__iter__()
+
+
 class TrainLoader:
     """Shuffled, drop-last batches of one process; `epoch(e, start=b)` returns the loader of
     epoch e from its batch b on.
@@ -313,7 +323,7 @@ class TrainLoader:
             else:
                 self.order = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True)
         self.samples = _Items()
-        self.loader = DataLoader(
+        self.loader = _Loader(
             _Seeded(dataset),
             batch_size=batch_size,
             sampler=self.samples,
@@ -347,4 +357,4 @@ def eval_loader(
 ) -> DataLoader:
     """Every validation image exactly once over all processes (strided shards, no padding)."""
     shard = Subset(dataset, range(rank, len(dataset), world_size)) if world_size > 1 else dataset
-    return DataLoader(shard, batch_size=batch_size, shuffle=False, num_workers=num_workers, pin_memory=pin_memory)
+    return _Loader(shard, batch_size=batch_size, shuffle=False, num_workers=num_workers, pin_memory=pin_memory)
