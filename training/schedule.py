@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
-from timm.scheduler import CosineLRScheduler
+
+if TYPE_CHECKING:
+    from timm.scheduler import CosineLRScheduler
 
 
 def build_lr_scheduler(
@@ -20,6 +24,10 @@ def build_lr_scheduler(
     Drive it with `scheduler.step_update(num_updates)` after every optimizer step (epoch
     based pipelines count updates too: steps = epochs * updates per epoch).
     """
+    # Imported here: `import timm` loads every timm model (seconds), which an entry point's
+    # --help, a bad override or a launcher process does not need.
+    from timm.scheduler import CosineLRScheduler
+
     return CosineLRScheduler(
         optimizer,
         t_initial=max(1, total_steps - warmup_steps),
