@@ -9,9 +9,10 @@ Reads the run folders `scripts/embedded_study.py` lays out,
     <runs>/gpt2/<variant>/seed<k>/                GPT-2 on pydoc text, pruned one-shot after training
 
 with the variants `adamw`, `ham`, `horst` (order "ms", the paper's), `horst_sm` (order "sm",
-the paper's ablation) and two ablations of HORST: `vit/horst_reset`
+the paper's ablation), two ablations of HORST: `vit/horst_reset`
 (`acdc.reset_second_moment=true`) and `gpt2/horst_prunable`
-(`optimizer.hyperbolic_params=prunable`). A folder's variant is checked against the config its
+(`optimizer.hyperbolic_params=prunable`), and the control `adamw_decay` (AdamW with HORST's
+weight decay + beta as its weight decay: as much shrinkage per step as HORST). A folder's variant is checked against the config its
 run recorded; a mismatch is excluded and listed, never averaged in under the wrong name.
 
 Why paired: every variant runs the same seeds (data order, initialisation), so the seed-to-seed
@@ -59,8 +60,13 @@ from make_tables import NoRunsError, Run, _markdown_frame, _pct, is_paper_row, w
 CONFIDENCE = 0.95
 PERCENT = f"{100 * CONFIDENCE:g} %"
 COMPARISONS = (("horst", "adamw"), ("horst", "ham"), ("ham", "adamw"), ("horst_sm", "adamw"), ("horst", "horst_sm"))
-ABLATIONS = {"vit": (("horst_reset", "horst"),), "gpt2": (("horst_prunable", "horst"),)}  # (ablation, its base)
-VARIANT_ORDER = ("adamw", "ham", "horst", "horst_sm", "horst_reset", "horst_prunable")
+# (first, second) at the cells both ran: each ablation against its base; the decay-matched AdamW
+# (embedded_study.ABLATIONS) against AdamW, and HORST against it.
+ABLATIONS = {
+    "vit": (("horst_reset", "horst"), ("adamw_decay", "adamw"), ("horst", "adamw_decay")),
+    "gpt2": (("horst_prunable", "horst"), ("adamw_decay", "adamw"), ("horst", "adamw_decay")),
+}
+VARIANT_ORDER = ("adamw", "ham", "horst", "horst_sm", "horst_reset", "horst_prunable", "adamw_decay")
 # What each variant's runs must have recorded (flattened config keys; a key the run does not
 # record is not checked).
 VARIANT_CONFIG = {
@@ -71,6 +77,7 @@ VARIANT_CONFIG = {
     "horst_sm": {"optimizer.name": "horst", "optimizer.order": "sm"},
     "horst_reset": {"optimizer.name": "horst", "optimizer.order": "ms", "acdc.reset_second_moment": True},
     "horst_prunable": {"optimizer.name": "horst", "optimizer.order": "ms", "optimizer.hyperbolic_params": "prunable"},
+    "adamw_decay": {"optimizer.name": "adamw"},
 }  # fmt: skip
 PRUNER_COLUMNS = (("magnitude", "unstructured", 0.5), ("wanda", "unstructured", 0.5),
                   ("magnitude", "2:4", 0.5), ("wanda", "2:4", 0.5))  # fmt: skip
@@ -368,7 +375,8 @@ def optimizer_rows(study: Study) -> tuple[list[Row], list[str]]:
     rows, unpaired_cells = [], {}  # (pipeline, first, second, why) -> cell labels
     for pipeline in ("vit", "gpt2"):
         plans = [(a, b, "optimizers", study.cells(pipeline, (a, b))) for a, b in COMPARISONS]
-        plans += [(a, b, "ablation", study.cells(pipeline, (a,))) for a, b in ABLATIONS[pipeline]]
+        plans += [(a, b, "ablation", [c for c in study.cells(pipeline, (a,)) if c in study.cells(pipeline, (b,))])
+                  for a, b in ABLATIONS[pipeline]]  # fmt: skip
         for first, second, kind, cells in plans:
             for cell in cells:
                 if pipeline == "gpt2" and not is_paper_row({"method": cell.method, "pattern": cell.pattern}):

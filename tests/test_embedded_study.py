@@ -31,7 +31,8 @@ def test_plan_of_the_study_and_of_the_demo():
     names = [g.name for g in groups]
     assert names[:4] == ["gpt2/adamw", "gpt2/ham", "gpt2/horst", "gpt2/horst_sm"]  # the long runs first
     assert "vit/horst_sm/s0.98" in names and "vit/horst_reset/s0.9" in names and "gpt2/horst_prunable" in names
-    assert len(groups) == 4 + 4 * 6 + 2
+    assert {"vit/adamw_decay/s0.9", "vit/adamw_decay/s0.995", "gpt2/adamw_decay"} <= set(names)
+    assert len(groups) == 4 + 4 * 6 + 2 + 3
     demo = study.plan(study.DEMO["optimizers"], study.DEMO["sparsities"], ablations=False)
     assert len(demo) == 3 + 3 * 6 and not any("horst_sm" in g.name or "reset" in g.name for g in demo)
 
@@ -43,6 +44,25 @@ def test_command_of_a_group(tmp_path: Path):
     for override in ("optimizer=horst", "optimizer.order=sm", "acdc.sparsity=0.95", "cpu_threads=1", "seed=2,3,4",
                      f"hydra.sweep.dir={tmp_path / 'runs' / 'vit' / 'horst_sm' / 's0.95'}", "hydra.sweep.subdir=seed${seed}"):  # fmt: skip
         assert override in command, override
+
+
+def test_the_decay_matched_adamw_shrinks_weights_as_hard_as_horst(tmp_path: Path):
+    """`adamw_decay`'s weight decay is weight decay + beta of the pipeline's HORST, as each
+    pipeline composes them (tuned values included): retuning HORST must update the control."""
+    import plan
+
+    for (pipeline, variant), (overrides, sparsities) in study.ABLATIONS.items():
+        if variant != "adamw_decay":
+            continue
+        entry = plan.load_entry(REPO / study.SCRIPTS[pipeline])
+        optimizer = {}
+        for name, arguments in (("horst", study.VARIANTS["horst"]), (variant, overrides)):
+            group = study.Group(pipeline, name, arguments, sparsities[0])
+            _, (cell,) = plan.expand(entry, group.arguments(tmp_path, [0]))
+            optimizer[name] = cell.config.optimizer
+        assert optimizer[variant].name == "adamw"
+        horst = optimizer["horst"]
+        assert optimizer[variant].weight_decay == pytest.approx(horst.weight_decay + horst.beta), pipeline
 
 
 @pytest.mark.slow  # composes 30 configs in subprocesses (~3 min of CPU)

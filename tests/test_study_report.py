@@ -35,6 +35,7 @@ OPTIMIZERS = {
     "horst_sm": {**HORST, "order": "sm"},
     "horst_reset": HORST,
     "horst_prunable": {**HORST, "hyperbolic_params": "prunable"},
+    "adamw_decay": {"name": "adamw"},
 }
 GPT2_SPARSITIES = (0.0, 0.5, 0.7, 0.9)
 
@@ -47,7 +48,7 @@ def write_vit(root: Path, variant: str, seed: int, sparsity: float, top1: float,
     summary = {
         "pipeline": "vit",
         "model": {"preset": "vit_digits", "arch": "vit", "timm_name": "vit_tiny_patch16_224", "img_size": 8},
-        "optimizer": {**(optimizer or OPTIMIZERS[variant]), "weight_decay": 0.05},
+        "optimizer": {**(optimizer or OPTIMIZERS[variant]), "weight_decay": 0.35 if variant == "adamw_decay" else 0.05},
         "data": {"name": "digits", "root": None, "num_classes": 10},
         "acdc": {"sparsity": sparsity, "scope": "global", "preset": "vit", "pattern": "unstructured",
                  "reset_second_moment": variant == "horst_reset"},
@@ -146,7 +147,7 @@ def test_t_interval_against_the_tables():
 def vit_study(tmp_path_factory):
     """Five seeds at 80 and 90 %: HORST = AdamW + 1 point (+-0.2), HAM = AdamW - 2 points,
     HORST-sm = AdamW +- 1 point (no effect); HORST at 90 % has a sixth seed AdamW lacks; one
-    failed and one unfinished run; the ablation at 90 %."""
+    failed and one unfinished run; the ablation and the decay-matched AdamW (+0.4) at 90 %."""
     root = tmp_path_factory.mktemp("runs")
     base = [0.90, 0.88, 0.905, 0.915, 0.895]
     horst_noise = [0.001, -0.001, 0.002, -0.002, 0.0]
@@ -160,6 +161,7 @@ def vit_study(tmp_path_factory):
             write_vit(root, "horst_sm", seed, sparsity, adamw + sm_noise[seed])
     for seed in SEEDS:
         write_vit(root, "horst_reset", seed, 0.9, base[seed] - 0.05 + 0.01 + horst_noise[seed] + 0.003)
+        write_vit(root, "adamw_decay", seed, 0.9, base[seed] - 0.05 + 0.004)
     write_vit(root, "horst", 5, 0.9, 0.5)
     failed = root / "vit" / "adamw" / "s0.95" / "seed0"
     failed.mkdir(parents=True)
@@ -189,6 +191,11 @@ def test_vit_paired_interval_and_verdicts(vit_study):
     ablation = row(rows, "vit", "horst_reset", "horst", 0.9)
     assert ablation["kind"] == "ablation" and float(ablation["mean_difference"]) == pytest.approx(0.3)
     assert not [r for r in rows if r["first_variant"] == "horst_reset" and float(r["sparsity"]) != 0.9]
+    # the decay-matched AdamW: against AdamW, and HORST against it, where it ran only
+    assert float(row(rows, "vit", "adamw_decay", "adamw", 0.9)["mean_difference"]) == pytest.approx(0.4)
+    control = row(rows, "vit", "horst", "adamw_decay", 0.9)
+    assert control["kind"] == "ablation" and float(control["mean_difference"]) == pytest.approx(0.6)
+    assert not [r for r in rows if "adamw_decay" in (r["first_variant"], r["second_variant"]) and float(r["sparsity"]) != 0.9]
     paired = (out / "paired.md").read_text()
     assert f"| horst vs adamw | 80 % | +1.00 | [+{1 - half:.2f}, +{1 + half:.2f}] | 5 | better | 0 |" in paired
     assert paired in text and (out / "tables.md").read_text() in text
