@@ -697,6 +697,37 @@ RULES = f"""### Rules
 """
 
 
+CONTROL_CELLS = {"vit": None, "gpt2": (0.0, 0.5, 0.9)}  # None: every cell the control ran
+
+
+def control_markdown(study: Study) -> str:
+    """HORST against the decay-matched AdamW (`adamw_decay`), and that AdamW against AdamW: how
+    much of HORST's advantage over AdamW more decay alone gives. Empty without such runs."""
+    lines = []
+    for pipeline, scale in (("gpt2", "GPT-2, perplexity ratio"), ("vit", "ViT under AC/DC, top-1 points")):
+        for first, second, what in (("adamw_decay", "adamw", "more decay alone, AdamW with it / AdamW"),
+                                    ("horst", "adamw", "HORST / AdamW"),
+                                    ("horst", "adamw_decay", "HORST / AdamW with HORST's decay")):  # fmt: skip
+            cells = [c for c in study.cells(pipeline, ("adamw_decay",)) if c in study.cells(pipeline, (first,))
+                     and (c.method, c.pattern) in (("acdc", "unstructured"), ("magnitude", "unstructured"), ("none", "dense"))
+                     and (CONTROL_CELLS[pipeline] is None or c.sparsity in CONTROL_CELLS[pipeline])]  # fmt: skip
+            parts = [_versus(study, pipeline, first, second, c, c.label) for c in cells]
+            if parts:
+                lines.append(f"- {scale}, {what}: " + "; ".join(f"{p.what}: {p.statistic} ({p.direction or 'no pair'})" for p in parts))
+    if not lines:
+        return ""
+    return "\n".join([
+        "## Control: AdamW that decays as hard as HORST",
+        "",
+        "HORST shrinks a mirrored weight by about 1 − lr (weight decay + beta) per step, AdamW by 1 − lr weight "
+        "decay. `adamw_decay` is AdamW with weight decay = HORST's weight decay + beta: if HORST's advantage "
+        "over AdamW were only its stronger decay, this AdamW would have it too. Paired over seeds as above; "
+        "GPT-2 after one-shot magnitude pruning.",
+        "",
+        *lines,
+    ]) + "\n"
+
+
 def claims_markdown(study: Study) -> str:
     judged = (
         ("ViT on 8x8 digits under AC/DC, not DeiT on ImageNet", claim_accuracy(study)),
@@ -713,7 +744,8 @@ def claims_markdown(study: Study) -> str:
     for number, (claim, (scale, parts)) in enumerate(zip(CLAIMS, judged), start=1):
         lines.append(f"{number}. **{verdict(parts)}**: \"{claim}\" At this scale ({scale}): "
                      + "; ".join(p.text for p in parts) + ".")  # fmt: skip
-    return "\n".join(lines) + "\n\n" + RULES
+    control = control_markdown(study)
+    return "\n".join(lines) + "\n\n" + (control + "\n" if control else "") + RULES
 
 
 # ---------------------------------------------------------------------------------- main
