@@ -120,12 +120,12 @@ class Group:
 
 
 def plan(optimizers: list[str], sparsities: list[float], *, ablations: bool) -> list[Group]:
-    """GPT-2 first (the longer runs, so the pool ends on short ones), then the ViT by sparsity."""
-    groups = [Group("gpt2", v, VARIANTS[v]) for v in optimizers]
+    """GPT-2's groups first (the longer runs, so the pool ends on short ones), then the ViT's by
+    sparsity; each pipeline's ablations after its optimizers."""
+    extra = [Group(p, v, o, s) for (p, v), (o, ss) in ABLATIONS.items() for s in ss] if ablations else []
+    groups = [Group("gpt2", v, VARIANTS[v]) for v in optimizers] + [g for g in extra if g.pipeline == "gpt2"]
     groups += [Group("vit", v, VARIANTS[v], s) for s in sparsities for v in optimizers]
-    if ablations:
-        groups += [Group(p, v, o, s) for (p, v), (o, sparsities) in ABLATIONS.items() for s in sparsities]
-    return groups
+    return groups + [g for g in extra if g.pipeline == "vit"]
 
 
 def seed_state(folder: Path) -> str:

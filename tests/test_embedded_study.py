@@ -29,7 +29,8 @@ TINY_GPT2 = ("model=gpt2_nano", "train.max_steps=4", "train.warmup_steps=1", "tr
 def test_plan_of_the_study_and_of_the_demo():
     groups = study.plan(study.STUDY["optimizers"], study.STUDY["sparsities"], ablations=True)
     names = [g.name for g in groups]
-    assert names[:4] == ["gpt2/adamw", "gpt2/ham", "gpt2/horst", "gpt2/horst_sm"]  # the long runs first
+    assert names[:6] == ["gpt2/adamw", "gpt2/ham", "gpt2/horst", "gpt2/horst_sm", "gpt2/horst_prunable",
+                         "gpt2/adamw_decay"]  # the long runs first
     assert "vit/horst_sm/s0.98" in names and "vit/horst_reset/s0.9" in names and "gpt2/horst_prunable" in names
     assert {"vit/adamw_decay/s0.9", "vit/adamw_decay/s0.995", "gpt2/adamw_decay"} <= set(names)
     assert len(groups) == 4 + 4 * 6 + 2 + 3
