@@ -698,6 +698,7 @@ RULES = f"""### Rules
 
 
 CONTROL_CELLS = {"vit": None, "gpt2": (0.0, 0.5, 0.9)}  # None: every cell the control ran
+CONTROL_NAMES = {"adamw": "AdamW", "horst": "HORST", "adamw_decay": "AdamW with HORST's decay"}
 
 
 def control_markdown(study: Study) -> str:
@@ -705,9 +706,9 @@ def control_markdown(study: Study) -> str:
     much of HORST's advantage over AdamW more decay alone gives. Empty without such runs."""
     lines = []
     for pipeline, scale in (("gpt2", "GPT-2, perplexity ratio"), ("vit", "ViT under AC/DC, top-1 points")):
-        for first, second, what in (("adamw_decay", "adamw", "more decay alone, AdamW with it / AdamW"),
-                                    ("horst", "adamw", "HORST / AdamW"),
-                                    ("horst", "adamw_decay", "HORST / AdamW with HORST's decay")):  # fmt: skip
+        operator = " / " if pipeline == "gpt2" else " − "
+        for first, second in (("adamw_decay", "adamw"), ("horst", "adamw"), ("horst", "adamw_decay")):
+            what = operator.join(CONTROL_NAMES[v] for v in (first, second))
             cells = [c for c in study.cells(pipeline, ("adamw_decay",)) if c in study.cells(pipeline, (first,))
                      and (c.method, c.pattern) in (("acdc", "unstructured"), ("magnitude", "unstructured"), ("none", "dense"))
                      and (CONTROL_CELLS[pipeline] is None or c.sparsity in CONTROL_CELLS[pipeline])]  # fmt: skip

@@ -198,7 +198,7 @@ def test_vit_paired_interval_and_verdicts(vit_study):
     assert not [r for r in rows if "adamw_decay" in (r["first_variant"], r["second_variant"]) and float(r["sparsity"]) != 0.9]
     claims = (out / "claims.md").read_text()
     assert "## Control: AdamW that decays as hard as HORST" in claims
-    assert "- ViT under AC/DC, top-1 points, HORST / AdamW with HORST's decay: 90 %: +0.60 [" in claims
+    assert "- ViT under AC/DC, top-1 points, HORST − AdamW with HORST's decay: 90 %: +0.60 [" in claims
     paired = (out / "paired.md").read_text()
     assert f"| horst vs adamw | 80 % | +1.00 | [+{1 - half:.2f}, +{1 + half:.2f}] | 5 | better | 0 |" in paired
     assert paired in text and (out / "tables.md").read_text() in text
