@@ -1,4 +1,5 @@
-"""Every command in the README's code blocks still works as written.
+"""Every command in the README's code blocks (and in results/tuning/README.md's, which says how
+the alpha/beta picks were made) still works as written.
 
 * `train_gpt2.py` / `train_vit.py` commands (plain, `-m` multiruns, `torchrun`): every cell is
   expanded and composed as Hydra would launch it (`scripts/plan.py`'s expansion) and passes
@@ -23,8 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 
-def readme_commands() -> list[str]:
-    text = (ROOT / "README.md").read_text()
+def readme_commands(readme: Path = ROOT / "README.md") -> list[str]:
+    text = readme.read_text()
     commands = []
     for block in re.findall(r"```bash\n(.*?)```", text, re.S):
         for line in block.replace("\\\n", " ").splitlines():
@@ -43,14 +44,19 @@ def words(command: str) -> list[str]:
 
 
 COMMANDS = readme_commands()
-ENTRY = [c for c in COMMANDS if re.search(r"\btrain_(gpt2|vit)\.py\b", c) and "scripts/plan.py" not in c]
-SCRIPTS = [c for c in COMMANDS if re.search(r"\b(scripts|bench)/\w+\.py\b", c)]
+# results/tuning/README.md: how the pipelines' alpha/beta picks were made (its shell loop's
+# variable at its first value)
+TUNING = [c.replace("$seed", "0") for c in readme_commands(ROOT / "results" / "tuning" / "README.md")
+          if c.startswith("python ")]  # fmt: skip
+ENTRY = [c for c in COMMANDS + TUNING if re.search(r"\btrain_(gpt2|vit)\.py\b", c) and "scripts/plan.py" not in c]
+SCRIPTS = [c for c in COMMANDS + TUNING if re.search(r"\b(scripts|bench)/\w+\.py\b", c)]
 MAKE = [c for c in COMMANDS if c.startswith("make ")]
 
 
 def test_the_readme_has_the_commands_this_test_knows():
     assert len(ENTRY) >= 15 and len(SCRIPTS) >= 8 and MAKE
-    assert set(COMMANDS) == set(ENTRY) | set(SCRIPTS) | set(MAKE), set(COMMANDS) - set(ENTRY) - set(SCRIPTS) - set(MAKE)
+    assert set(COMMANDS) == (set(ENTRY) | set(SCRIPTS) | set(MAKE)) - set(TUNING), set(COMMANDS) - set(ENTRY) - set(SCRIPTS) - set(MAKE)
+    assert len(TUNING) == 8 and set(TUNING) <= set(ENTRY) | set(SCRIPTS)
 
 
 @pytest.mark.parametrize("command", ENTRY)
