@@ -34,7 +34,8 @@ def read_wandb_run(run_dir: Path) -> dict:
         kind = record.WhichOneof("record_type")
         records[kind].append(getattr(record, kind))
     history = [{item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in h.item} for h in records["history"]]
-    return {"run": records["run"][0], "history": history, "metric": records["metric"], "artifact": records["artifact"]}
+    return {"run": records["run"][0], "history": history, "metric": records["metric"], "artifact": records["artifact"],
+            "exit": records["exit"]}  # fmt: skip
 
 
 def logged_keys(history: list[dict]) -> set[str]:
@@ -90,3 +91,32 @@ def test_vit_run_has_an_epoch_axis_and_numeric_phase(imagenet_root, tmp_path, mo
     assert all(k.startswith(NAMESPACES) or k == "epoch" for k in keys), keys
     assert any("val/epochs/_type" in row for row in logged["history"])  # the per-epoch table
     assert epochs[-1]["val/top1"] == pytest.approx(summary["top1"])
+
+
+def test_a_failed_cell_of_a_one_process_multirun_ends_as_failed_and_gives_back_the_signal(pydoc_dir, tmp_path,
+                                                                                          monkeypatch):  # fmt: skip
+    """Hydra's basic launcher runs the cells in one process. A cell that fails (here: a
+    non-finite loss, exit code 4) must end its W&B run with its exit code (W&B would otherwise
+    mark it finished when the next cell starts) and hand back SIGUSR2's handler and its run
+    folder's lock; the next cell finishes normally."""
+    import signal
+    import sys
+
+    from test_gpt2_pipeline import _load_entry_point
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    before = signal.getsignal(signal.SIGUSR2)
+    sweep = tmp_path / "sweep"
+    overrides = tiny_overrides(pydoc_dir, "train.lr=1e-3", "train.min_lr=1e-4", "optimizer.alpha=1e5,10")
+    monkeypatch.setattr(sys, "argv", ["train_gpt2.py", "-m", *overrides, f"hydra.sweep.dir={sweep}"])
+    with pytest.raises(SystemExit) as exit_info:
+        _load_entry_point().main()
+    assert str(exit_info.value.code).startswith("1 cell(s) of this multirun failed")  # exit status 1
+    (failed,), (finished,) = sweep.glob("0_*"), sweep.glob("1_*")
+    assert json.loads((failed / "failed.json").read_text())["exit_code"] == 4
+    assert (finished / "summary.json").is_file()
+    assert [e.exit_code for e in read_wandb_run(failed)["exit"]] == [4]
+    assert [e.exit_code for e in read_wandb_run(finished)["exit"]] == [0]
+    assert signal.getsignal(signal.SIGUSR2) is before
+    assert not (failed / ".lock").exists() and not (finished / ".lock").exists()
+

@@ -55,6 +55,7 @@ LOCK_FILE = ".lock"  # one live writer per run folder (`lock_run_folder`)
 _held_locks: dict[Path, Any] = {}  # run folders this process holds, by resolved path
 _continue_command: str | None = None  # set by `hydra_task`: the command line that continues this run
 _sweep: str | None = None  # set by `hydra_task` in a multirun: the sweep folder's name, the runs' W&B group
+_open_run: Run | None = None  # the Run a task started and has not finished: `hydra_task` closes it whatever happens
 # What `resume_override` may change on resume, and how the new value reaches the live objects.
 OVERRIDABLE = ("train.lr", "train.base_lr", "train.min_lr", "optimizer.")
 
@@ -201,6 +202,8 @@ class Run:
         self.resume_overrides: list[dict] = []  # settings changed on resume: step and (old, new) values
         self.continue_command = _continue_command or f"the same command with hydra.run.dir={self.run_dir}"
         self._tracked: dict[str, Any] = {}
+        global _open_run
+        _open_run = self
 
     @property
     def is_main(self) -> bool:
@@ -365,17 +368,31 @@ class Run:
         self.preemption.requeue_or_exit(continue_command=self.continue_command)
 
     def finish(self, summary: Mapping[str, Any], *, files: tuple[str, ...] = ()) -> dict[str, Any]:
-        """Write `summary.json` (a W&B artifact with the run folder's `files`), close the log and
-        the signal handler; returns the summary."""
+        """Write `summary.json` (a W&B artifact with the run folder's `files`), then `close`;
+        returns the summary."""
         self.preemption.close()
         data = self.log.summary(
             {**summary, "wall_time_s": self.elapsed_s, "resume_overrides": self.resume_overrides}, files=files
         )
-        self.log.close()
         if self.is_main:
             (self.run_dir / FAILED_FILE).unlink(missing_ok=True)  # an earlier failure of this cell, now done
-            release_run_folder(self.run_dir)
+        self.close()
         return data
+
+    def close(self, *, exit_code: int = 0) -> None:
+        """Give back what the run holds: the signal handler, the log (its W&B run ends with
+        `exit_code`), the run folder's lock. Idempotent. `hydra_task` calls it with the error's
+        exit code when the task raised: in a one-process multirun the next cell would otherwise
+        inherit the handler, and W&B would mark the failed cell's run finished when the next
+        one starts."""
+        global _open_run
+        self.preemption.close()
+        if self.log is not None:
+            self.log.close(exit_code=exit_code)
+        if self.is_main:
+            release_run_folder(self.run_dir)
+        if _open_run is self:
+            _open_run = None
 
 
 class RunCallbacks(Callback):
@@ -422,6 +439,11 @@ def _remove_if_untouched(run_dir: Path) -> None:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
+def _close_open_run(exit_code: int) -> None:
+    if _open_run is not None:
+        _open_run.close(exit_code=exit_code)
+
+
 def hydra_task(task: Callable[..., dict], cfg: DictConfig) -> dict | None:
     """Run `task(cfg, run_dir=...)` in Hydra's run folder; the body of both entry points.
 
@@ -438,6 +460,7 @@ def hydra_task(task: Callable[..., dict], cfg: DictConfig) -> dict | None:
     overrides = [o for o in hydra_cfg.overrides.task if not o.startswith(("hydra.run.dir=", "resume_override="))]
     _continue_command = shlex.join(["python", f"{hydra_cfg.job.config_name}.py", *overrides, f"hydra.run.dir={run_dir}"])
     _sweep = Path(hydra_cfg.sweep.dir).name if multirun else None
+    exit_code = 1  # what an unfinished run's log ends with, unless a RunError says otherwise
     try:
         return task(cfg, run_dir=run_dir)
     except RunError as error:
@@ -446,6 +469,7 @@ def hydra_task(task: Callable[..., dict], cfg: DictConfig) -> dict | None:
             reason = reason.strip().splitlines()[-1].split(": ", 1)[-1]
         tqdm.write(f"error: {reason}", file=sys.stderr)  # below any progress bar still on screen
         if not multirun:
+            _close_open_run(exit_code)
             _remove_if_untouched(run_dir)
             sys.exit(exit_code)
     except Exception as error:
@@ -455,6 +479,7 @@ def hydra_task(task: Callable[..., dict], cfg: DictConfig) -> dict | None:
         reason, exit_code, step = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}", 1, None
     finally:
         _continue_command = _sweep = None
+        _close_open_run(exit_code)  # a finished run closed itself; a preempted one has closed its log
         shutdown_distributed()
     record = {
         "pipeline": hydra_cfg.job.config_name.removeprefix("train_"),
