@@ -469,7 +469,6 @@ def hydra_task(task: Callable[..., dict], cfg: DictConfig) -> dict | None:
             reason = reason.strip().splitlines()[-1].split(": ", 1)[-1]
         tqdm.write(f"error: {reason}", file=sys.stderr)  # below any progress bar still on screen
         if not multirun:
-            _close_open_run(exit_code)
             _remove_if_untouched(run_dir)
             sys.exit(exit_code)
     except Exception as error:
