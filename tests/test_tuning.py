@@ -194,3 +194,18 @@ def test_a_dirty_tree_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
 
     with pytest.raises(SystemExit, match=r"^error: the git tree at .* has uncommitted changes \(M a.txt, \.\.\.\): commit or stash"):
         tune.main(["vit", "adamw"])
+
+
+@pytest.mark.slow  # two trials as submitit subprocesses (~1-3 min here)
+def test_trials_run_through_submitit_as_on_slurm(tmp_path):
+    """`hydra/launcher=local` is submitit's executor, the code path of `hydra/launcher=slurm`:
+    each trial is pickled (the task function by reference), run in its own process, and its
+    score comes back to the sweeper."""
+    configs = tmp_path / "configs"
+    shutil.copytree(ROOT / "configs", configs)
+    overrides = (*TINY, "model=vit_nano", "train.batch_size=256", "train.base_batch_size=256", "hydra/launcher=local",
+                 "hydra.sweeper.n_jobs=2")  # fmt: skip
+    values = tuning.tune("vit", "adamw", trials=2, overrides=overrides, commit="c0ffee", command="pytest",
+                         config_dir=configs, results_dir=tmp_path / "results", sweep_dir=tmp_path / "sweep")  # fmt: skip
+    assert len(list((tmp_path / "sweep" / ".submitit").rglob("*_log.out"))) == 2
+    assert len(values["provenance"]["scores"]) == 2 and all(0 < s <= 1 for s in values["provenance"]["scores"])
