@@ -12,7 +12,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import optuna
 import pandas as pd
 import pytest
 import yaml
@@ -130,6 +129,7 @@ def test_equal_budgets_pass_and_the_committed_picks_were_not_tuned_alike(tuned):
 
 
 def _sobol_points(scores) -> list[dict]:
+    optuna = tuning.optuna  # imported there without its SQLAlchemy deprecation warning
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(sampler=tuning.SobolSampler(seed=0))
     for score in scores:

@@ -20,12 +20,16 @@ import datetime
 import math
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import numpy as np
-import optuna
 import yaml
+
+with warnings.catch_warnings():  # optuna 2.10 (hydra-optuna-sweeper's pin) names SQLAlchemy's pre-2.0 API; unused in memory
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import optuna
 from omegaconf import OmegaConf
 
 from training.config import RunError
@@ -249,8 +253,9 @@ def plan(pipeline: str, optimizer: str, *, trials: int = DEFAULT_TRIALS, overrid
     tuned = OmegaConf.to_container(cfg.tuned[optimizer], resolve=False)
     for key in space:
         leaf = key.rsplit(".", 1)[-1]
-        wire = OmegaConf.to_container(OmegaConf.select(cfg, key.rsplit(".", 1)[0]), resolve=False)[leaf]
-        if leaf not in tuned or f".{leaf}}}" not in str(wire) or "tuned." not in str(wire):
+        wire = OmegaConf.to_container(OmegaConf.select(cfg, key.rsplit(".", 1)[0]), resolve=False).get(leaf)
+        # the optimizer's YAML reads its own entry; the recipe the selected optimizer's (docs/design.md §7)
+        if leaf not in tuned or wire not in (f"${{tuned.{optimizer}.{leaf}}}", f"${{tuned.${{optimizer.name}}.{leaf}}}"):
             raise TuningError(f"{search.name} searches {key}, which the run does not read from tuned.{optimizer}.{leaf} "
                               f"(it is {wire!r}): the pick would never reach a run")  # fmt: skip
     if sweep_dir is None:
