@@ -150,6 +150,23 @@ def test_the_sobol_sampler_stratifies_every_coordinate_whatever_the_scores():
     assert _sobol_points([float(n % 3) for n in range(8)]) == points
 
 
+def _gpt2_summary(*ppls, split="validation") -> dict:
+    rows = [{"method": "magnitude", "pattern": "unstructured", "sparsity": s, "ppl": p} for s, p in zip((0.0, 0.5, 0.9), ppls)]
+    return {"eval_split": split, "pruning": {"results": [*rows, {"method": "wanda", "pattern": "unstructured", "sparsity": 0.5, "ppl": 1.0}]}}
+
+
+def test_the_score_is_the_validation_metric_and_a_failure_scores_worst():
+    """GPT-2: the geometric mean of the magnitude rows at 50-90 % (not the dense row, not
+    Wanda's); a non-finite perplexity (null in summary.json) or a failed run scores worst; a
+    summary of the test split is refused."""
+    assert tuning.validation_score("gpt2", _gpt2_summary(10.0, 20.0, 80.0)) == pytest.approx(40.0)
+    assert tuning.validation_score("gpt2", _gpt2_summary(10.0, None, 80.0)) == math.inf
+    assert tuning.validation_score("vit", {"status": "failed", "reason": "non-finite loss"}) == -math.inf
+    assert tuning.validation_score("vit", {"eval_split": "validation", "top1": 0.75}) == 0.75
+    with pytest.raises(tuning.TuningError, match="scored on eval_split=test"):
+        tuning.validation_score("gpt2", _gpt2_summary(10.0, 20.0, 80.0, split="test"))
+
+
 SEARCH_SPACES = sorted(p.stem for p in (ROOT / "configs" / "hparams_search").glob("*.yaml"))
 
 

@@ -78,15 +78,17 @@ def validation_score(pipeline: str, summary: Mapping[str, Any]) -> float:
     if summary.get("eval_split") != EVAL_SPLIT:
         raise TuningError(f"a tuning trial was scored on eval_split={summary.get('eval_split')}; tuning reads validation only")
     if pipeline == "vit":
-        score = float(summary["top1"])
+        score = summary["top1"]
     else:
         low, high = PRUNED_SPARSITIES
         rows = [r for r in summary["pruning"]["results"]
                 if r["method"] == "magnitude" and r["pattern"] == "unstructured" and low - 1e-9 <= r["sparsity"] <= high + 1e-9]  # fmt: skip
         if not rows:
             raise TuningError(f"prune.sparsities has no unstructured sparsity in [{low}, {high}]: nothing to score")
-        score = math.exp(sum(math.log(r["ppl"]) for r in rows) / len(rows)) if all(r["ppl"] > 0 for r in rows) else math.inf
-    return score if math.isfinite(score) else metric.worst()
+        ppls = [r["ppl"] for r in rows]  # summary.json writes a non-finite perplexity as null
+        finite = all(p is not None and 0 < p < math.inf for p in ppls)
+        score = math.exp(sum(math.log(p) for p in ppls) / len(ppls)) if finite else math.inf
+    return score if score is not None and math.isfinite(score) else metric.worst()
 
 
 def _trial(pipeline: str, cfg) -> float:
