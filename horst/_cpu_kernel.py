@@ -172,9 +172,15 @@ def _kernel() -> ctypes.CDLL:
 
 def supports(tensors: tuple[Tensor, ...]) -> bool:
     """Whether the kernel can update these (param, grad, *state), given that they share a dense
-    layout (``horst._fast_path.dense_layout``): the kernel walks their memory from
-    ``data_ptr()`` on, in storage order."""
-    return len(tensors) <= 4 and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
+    layout (``horst._fast_path.dense_layout``): the kernel walks ``numel()`` float32 values of
+    their memory from ``data_ptr()`` on, in storage order, so each must be a plain CPU tensor
+    (no subclass: a DTensor's ``data_ptr()`` is 0 and its ``numel()`` the global one) holding
+    memory of its own."""
+    return len(tensors) <= 4 and all(
+        type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type == "cpu" and t.dtype == torch.float32
+        and t.data_ptr() != 0
+        for t in tensors
+    )  # fmt: skip
 
 
 def mirror_step_f32_(tensors: list[tuple[Tensor, ...]], scalars: tuple[float, ...], *, base: int, mode: int) -> None:

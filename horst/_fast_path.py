@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from horst import _cpu_kernel
-from horst.functional import Descend, Scalars, mirror_step_, pack
+from horst.functional import Descend, Scalars, compute_dtype, mirror_step_, pack
 
 _failed: set[str] = set()  # fast paths that failed once in this process
 
@@ -70,10 +70,17 @@ def _compiled_kernel():
     return call
 
 
+PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
 def dense_layout(tensors: Sequence[Tensor]) -> bool:
-    """Whether the tensors share one dense memory layout: contiguous, channels_last or any
-    other permutation of the dimensions. Only those take a fast path: an elementwise update
-    can then run over their memory in storage order."""
+    """Whether the tensors are plain tensors sharing one dense memory layout: contiguous,
+    channels_last or any other permutation of the dimensions. Only those take a fast path: an
+    elementwise update can then run over their memory in storage order. A tensor subclass (a
+    DTensor whose layout differs from its gradient's, see ``horst.optimizer.local_shards``)
+    has no memory of its own to run over (its ``data_ptr()`` is 0, its shape is the global one)."""
+    if any(type(t) not in PLAIN_TENSOR_TYPES for t in tensors):
+        return False
     first = tensors[0]
     if any(t.shape != first.shape or t.stride() != first.stride() for t in tensors[1:]):
         return False
@@ -141,15 +148,16 @@ def mirror_step_foreach_(
 
 
 class _PackedByDevice(dict):
-    """The step's packed scalars on each device that asks for them, made once per step."""
+    """The step's packed scalars on each device and in each compute dtype that asks for them,
+    made once per step."""
 
     def __init__(self, values: Scalars) -> None:
         super().__init__()
         self.values = values
 
-    def __missing__(self, device: torch.device) -> Tensor:
-        self[device] = pack(self.values, device)
-        return self[device]
+    def __missing__(self, key: tuple[torch.device, torch.dtype]) -> Tensor:
+        self[key] = pack(self.values, *key)
+        return self[key]
 
 
 def _cpu_kernel_step(tensors: list[tuple[Tensor, ...]], s: Scalars, base: int, mode: int) -> bool:
@@ -172,7 +180,7 @@ def _compiled_step(
         return False
     param, grad, *state = tensors
     try:
-        _compiled_kernel()(descend, param, grad, tuple(state), packed[param.device], order, guard)
+        _compiled_kernel()(descend, param, grad, tuple(state), packed[param.device, compute_dtype(param.dtype)], order, guard)
     except Exception as error:  # noqa: BLE001 - any compiler failure: fall back, loudly
         _give_up("torch.compile", error, "plain path")
         return False

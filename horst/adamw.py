@@ -69,7 +69,9 @@ class _AdamWBase(MirrorOptimizer):
         state["step"] += 1
         return int(state["step"].item())
 
-    def _scalars(self, group: dict[str, Any], lr: float, step: int, mirror: tuple[float, ...]) -> Scalars:
+    def _scalars(
+        self, group: dict[str, Any], lr: float | Tensor, step: int, mirror: tuple[float | Tensor, ...]
+    ) -> Scalars:
         beta1, beta2 = group["betas"]
         alpha_u, alpha_g, lr_beta, clip = mirror
         return scalars(
@@ -178,7 +180,7 @@ class HAM(_AdamWBase):
         if not isinstance(group["nan_guard"], bool):
             raise ValueError(f"nan_guard must be a bool, got {group['nan_guard']!r}")
 
-    def _mirror(self, group: dict[str, Any], lr: float) -> tuple[float, float, float, float]:
+    def _mirror(self, group: dict[str, Any], lr: float | Tensor) -> tuple[float | Tensor, ...]:
         return (0.0, lr * group["alpha"], lr * group["beta"], HAM_EXPONENT_CLIP)
 
     def _guard(self, group: dict[str, Any]) -> bool:

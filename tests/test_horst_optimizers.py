@@ -365,3 +365,76 @@ def test_ham_norm_cap_rescales_hyperbolic_tensors_only(fused):
             assert torch.equal(c, f)
     with pytest.raises(ValueError, match="max_norm"):
         horst.HAM(make_params(), max_norm=-1.0)
+
+
+# ------------------------------------------------------------------------------ tensor lr, state dicts
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["plain", "C-kernel"])
+def test_tensor_lr_follows_torch_tensor_lr_arithmetic(fused):
+    """torch computes ``1 - lr * weight_decay`` and ``lr / (1 - beta1**step)`` in the tensor lr's
+    float32 arithmetic, not in Python floats: so does horst (bit for bit on the plain path)."""
+    lr = 0.0123  # a value whose float32 products round differently from double ones
+    adamw, _ = run(lambda ps: torch.optim.AdamW(ps, lr=torch.tensor(lr), betas=(0.9, 0.99), weight_decay=0.1), steps=20)
+    ours, _ = run(lambda ps: horst.HORST(ps, lr=torch.tensor(lr), betas=(0.9, 0.99), weight_decay=0.1, alpha=0.0,
+                                         beta=0.0, fused=fused), steps=20)  # fmt: skip
+    as_float, _ = run(lambda ps: horst.HORST(ps, lr=lr, betas=(0.9, 0.99), weight_decay=0.1, alpha=0.0, beta=0.0,
+                                             fused=fused), steps=20)  # fmt: skip
+    if fused:
+        assert_close(ours, adamw)
+    else:
+        assert all(torch.equal(a, b) for a, b in zip(ours, adamw))
+        assert not all(torch.equal(a, b) for a, b in zip(as_float, adamw))  # so the test can tell
+    sgd_kwargs = dict(momentum=0.9, weight_decay=0.1)
+    sgd, _ = run(lambda ps: torch.optim.SGD(ps, lr=torch.tensor(lr), **sgd_kwargs), steps=20)
+    ours, _ = run(lambda ps: horst.HORSTSGD(ps, lr=torch.tensor(lr), alpha=0.0, beta=0.0, fused=fused, **sgd_kwargs),
+                  steps=20)  # fmt: skip
+    assert_close(ours, sgd, tol=0 if not fused else 1e-6)
+
+
+def _stepped(make, params):
+    optimizer = make(params)
+    for step in range(1, 3):
+        for p, g in zip(params, gradients(params, step)):
+            p.grad = g
+        optimizer.step()
+    return optimizer
+
+
+def test_load_state_dict_keeps_this_optimizers_implementation_flags():
+    """An AdamW(foreach=True) checkpoint loads into HORST and steps (its foreach=True used to
+    make the first step raise, telling the user to change a value from the checkpoint)."""
+    saved = _stepped(lambda ps: torch.optim.AdamW(ps, foreach=True, fused=None), make_params()).state_dict()
+    params = make_params()
+    optimizer = horst.HORST(params, fused=False)
+    optimizer.load_state_dict(saved)
+    group = optimizer.param_groups[0]
+    assert (group["foreach"], group["fused"], group["capturable"], group["differentiable"]) == (None, False, False, False)
+    for p, g in zip(params, gradients(params, 3)):
+        p.grad = g
+    optimizer.step()
+    assert all(state["step"].item() == 3 for state in optimizer.state.values())
+    fused = horst.HAM(make_params(), fused=True)
+    fused.load_state_dict(_stepped(lambda ps: horst.HAM(ps, fused=False), make_params()).state_dict())
+    assert fused.param_groups[0]["fused"] is True
+    assert saved["param_groups"][0]["foreach"] is True  # the state dict itself is left alone
+
+
+@pytest.mark.parametrize("cls", [horst.HORST, horst.HAM, horst.HORSTLion, horst.HORSTSGD])
+def test_load_state_dict_checks_every_state_tensor_before_any_change(cls):
+    """A state dict saved with the parameters in another order (same group sizes) used to
+    broadcast a (5,) state onto a (6, 5) parameter, update it and count the step before failing
+    with a message naming no parameter."""
+    kwargs = {"momentum": 0.9} if cls is horst.HORSTSGD else {}
+    make = lambda ps: cls(ps, fused=False, **kwargs)  # noqa: E731
+    saved = _stepped(make, make_params()).state_dict()
+    params = make_params()
+    reordered = [params[1], params[0], params[2]]  # shapes (5,), (6, 5), (3, 2, 4)
+    optimizer = make(reordered)
+    with pytest.raises(ValueError, match=r"of param_groups\[0\]\['params'\]\[0\] has shape \(6, 5\), its parameter \(5,\)"):
+        optimizer.load_state_dict(saved)
+    assert not optimizer.state
+    name = next(n for n in saved["state"][2] if n != "step")
+    saved["state"][2][name] = saved["state"][2][name].to(torch.int64)
+    with pytest.raises(ValueError, match=rf"{name}' of param_groups\[0\]\['params'\]\[2\] is torch.int64"):
+        make(params).load_state_dict(saved)
