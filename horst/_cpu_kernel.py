@@ -17,10 +17,16 @@ or foreign build. A build is loaded only from a folder owned by the user and not
 group or others, only if the file is so too, and only if its content hash matches the one
 recorded next to it when it was built; otherwise it is rebuilt in a private temporary folder,
 with a one-line warning (``KernelCacheWarning``).
+
+Many processes may start at once on one cache (torchrun's ranks, a job array on a shared home):
+a POSIX lock on ``<library>.lock`` (``fcntl.lockf``, which NFS honours) lets one of them build
+while the others wait and then load its build, and a build is written to a temporary file in
+the cache folder and renamed into place, so that no process ever sees half a library.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -30,6 +36,7 @@ import stat
 import subprocess
 import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -119,10 +126,11 @@ def build() -> Path:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         problem = untrusted(folder)
         library = folder / name
-        if problem is None and not library.exists():
-            return _compile(compiler, flags, library)
         if problem is None:
-            problem = cached_build_problem(library)
+            with _exclusive(folder / f"{name}.lock"):  # one process builds, the others wait for its build
+                if not library.exists():
+                    return _compile(compiler, flags, library)
+                problem = cached_build_problem(library)
         if problem is None:
             return library
     except OSError as error:
@@ -134,13 +142,26 @@ def build() -> Path:
     return _compile(compiler, flags, _private_dir() / name)
 
 
+@contextlib.contextmanager
+def _exclusive(lock: Path) -> Iterator[None]:
+    """Holds an exclusive POSIX lock on the file ``lock`` (created if missing), waiting for it."""
+    import fcntl  # POSIX only, as is the C compiler this module calls
+
+    descriptor = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.lockf(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)  # releases the lock
+
+
 @functools.cache
 def _private_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix="horst-kernel-"))  # mode 0700, removed with the machine's /tmp
 
 
 def _compile(compiler: str, flags: list[str], library: Path) -> Path:
-    # build next to the target and rename: concurrent processes (DDP ranks) never see half a file
+    # build next to the target and rename: a process that loads the library sees all of it or none
     with tempfile.TemporaryDirectory(dir=library.parent) as tmp:
         partial = Path(tmp) / library.name
         result = subprocess.run(

@@ -228,8 +228,8 @@ def test_cpu_kernel_build_is_cached(tmp_path, monkeypatch):
     assert first.parent == cache
     built = first.stat().st_mtime_ns
     assert _cpu_kernel.build() == first and first.stat().st_mtime_ns == built
-    # the library and its content hash, no temporary left behind
-    assert sorted(p.name for p in cache.iterdir()) == [first.name, first.name + ".sha256"]
+    # the library, its build lock and its content hash, no temporary left behind
+    assert sorted(p.name for p in cache.iterdir()) == [first.name, first.name + ".lock", first.name + ".sha256"]
     assert _cpu_kernel.hash_record(first).read_text().strip() == hashlib.sha256(first.read_bytes()).hexdigest()
     assert stat.S_IMODE(cache.stat().st_mode) == 0o700
 
