@@ -185,7 +185,7 @@ def _kernel() -> ctypes.CDLL:
     function.argtypes = [
         ctypes.c_int64, pointers, pointers, pointers, pointers, ctypes.POINTER(ctypes.c_int64),
         ctypes.c_int64, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_float), ctypes.c_int, ctypes.c_int,
-        ctypes.c_int,
+        ctypes.c_int, ctypes.POINTER(ctypes.c_double),
     ]  # fmt: skip
     function.restype = ctypes.c_int
     return function
@@ -204,9 +204,12 @@ def supports(tensors: tuple[Tensor, ...]) -> bool:
     )  # fmt: skip
 
 
-def mirror_step_f32_(tensors: list[tuple[Tensor, ...]], scalars: tuple[float, ...], *, base: int, mode: int) -> None:
+def mirror_step_f32_(
+    tensors: list[tuple[Tensor, ...]], scalars: tuple[float, ...], *, base: int, mode: int, sums_of_squares: bool = False
+) -> list[float] | None:
     """One step over ``(param, grad, *state)`` tuples of dense float32 CPU tensors (``supports``),
-    one call. ``scalars`` in ``horst.functional.SCALARS`` order."""
+    one call. ``scalars`` in ``horst.functional.SCALARS`` order. With ``sums_of_squares``, returns
+    each new parameter's sum of squares (computed in double in the same pass)."""
     count = len(tensors)
     columns = list(zip(*tensors))
     columns += [()] * (4 - len(columns))  # bases with fewer state tensors: NULL pointers
@@ -218,9 +221,13 @@ def mirror_step_f32_(tensors: list[tuple[Tensor, ...]], scalars: tuple[float, ..
     block_starts = [0]
     for size in sizes:  # empty tensors take no block
         block_starts.append(block_starts[-1] + -(-size // BLOCK))
+    block_sums = (ctypes.c_double * block_starts[-1])() if sums_of_squares else None
     status = _kernel()(
         count, *arrays, (ctypes.c_int64 * count)(*sizes), BLOCK, (ctypes.c_int64 * (count + 1))(*block_starts),
-        (ctypes.c_float * len(scalars))(*scalars), base, mode, torch.get_num_threads(),
+        (ctypes.c_float * len(scalars))(*scalars), base, mode, torch.get_num_threads(), block_sums,
     )  # fmt: skip
     if status != 0:
         raise ValueError(f"C kernel: unknown base {base} or mode {mode}")
+    if block_sums is None:
+        return None
+    return [sum(block_sums[start:end]) for start, end in zip(block_starts, block_starts[1:])]

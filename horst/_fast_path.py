@@ -123,28 +123,39 @@ def mirror_step_foreach_(
     order: str,
     guard: bool,
     fast: bool,
-) -> None:
+    sums_of_squares: bool = False,
+) -> list[float | None]:
     """One step over ``(param, grad, *state)`` tuples that share the step's scalars ``s``:
     ``descend`` (a base's, with ``kernel_base`` its base in the C kernel) composed with the
-    mirror step, on the fast path if ``fast``, else on the plain path."""
+    mirror step, on the fast path if ``fast``, else on the plain path. With ``sums_of_squares``
+    the C kernel also sums the squares of each new parameter it computes (HAM's norm cap):
+    returned per tuple, None for the tuples another path stepped."""
     for_kernel, for_compiler, for_plain = [], [], []
     mode = kernel_mode(s, order, guard)
-    for group in tensors:
+    for index, group in enumerate(tensors):
         if not (fast and dense_layout(group)):
-            for_plain.append(group)
+            for_plain.append(index)
         elif mode is not None and _cpu_kernel.supports(group):
-            for_kernel.append(group)
+            for_kernel.append(index)
         else:
-            for_compiler.append(group)
-    if for_kernel and not _cpu_kernel_step(for_kernel, s, kernel_base, mode):
-        for_compiler += for_kernel
+            for_compiler.append(index)
+    sums: list[float | None] = [None] * len(tensors)
+    if for_kernel:
+        kernel_sums = _cpu_kernel_step([tensors[i] for i in for_kernel], s, kernel_base, mode, sums_of_squares)
+        if kernel_sums is False:
+            for_compiler += for_kernel
+        elif kernel_sums is not None:
+            for index, total in zip(for_kernel, kernel_sums):
+                sums[index] = total
     packed = _PackedByDevice(s)
-    for index, group in enumerate(for_compiler):
-        if not _compiled_step(descend, flat_aliases(group), packed, order, guard):
-            for_plain += for_compiler[index:]
+    for position, index in enumerate(for_compiler):
+        if not _compiled_step(descend, flat_aliases(tensors[index]), packed, order, guard):
+            for_plain += for_compiler[position:]
             break
-    for param, grad, *state in for_plain:
+    for index in for_plain:
+        param, grad, *state = tensors[index]
         mirror_step_(descend, param, grad, tuple(state), s, order, guard)
+    return sums
 
 
 class _PackedByDevice(dict):
@@ -160,16 +171,18 @@ class _PackedByDevice(dict):
         return self[key]
 
 
-def _cpu_kernel_step(tensors: list[tuple[Tensor, ...]], s: Scalars, base: int, mode: int) -> bool:
-    """The C kernel over all ``tensors`` in one call; False if it is not available."""
+def _cpu_kernel_step(
+    tensors: list[tuple[Tensor, ...]], s: Scalars, base: int, mode: int, sums_of_squares: bool
+) -> list[float] | None | bool:
+    """The C kernel over all ``tensors`` in one call: the new parameters' sums of squares if
+    asked for, else None; False if the kernel is not available."""
     if "C kernel" in _failed:
         return False
     try:
-        _cpu_kernel.mirror_step_f32_(tensors, tuple(s), base=base, mode=mode)
+        return _cpu_kernel.mirror_step_f32_(tensors, tuple(s), base=base, mode=mode, sums_of_squares=sums_of_squares)
     except (_cpu_kernel.KernelBuildError, OSError) as error:
         _give_up("C kernel", error, "compiled path (torch.compile)")
         return False
-    return True
 
 
 def _compiled_step(

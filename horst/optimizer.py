@@ -89,8 +89,14 @@ class MirrorOptimizer(Optimizer):
         """Whether hyperbolic tensors keep their old value where the step is not finite (HAM)."""
         return False
 
-    def _after_step(self, group: dict[str, Any], hyperbolic_params: list[Tensor]) -> None:
-        """Runs after a group's step (HAM's norm cap)."""
+    def _needs_norms(self, group: dict[str, Any]) -> bool:
+        """Whether ``_after_step`` uses the new parameters' norms (HAM's norm cap): the C kernel
+        then sums their squares in the step's own pass."""
+        return False
+
+    def _after_step(self, group: dict[str, Any], params: list[Tensor], sums_of_squares: dict[Tensor, float]) -> None:
+        """Runs after a group's step on the parameters it stepped (HAM's norm cap);
+        ``sums_of_squares`` holds those the C kernel summed (whole tensors only, not shards)."""
 
     def _check_base(self, group: dict[str, Any]) -> None:
         """The base's own hyperparameters (betas, momentum, ...): ``ValueError`` naming the argument."""
@@ -231,28 +237,30 @@ class MirrorOptimizer(Optimizer):
         lr = group["lr"]  # a tensor lr stays one: the scalars follow torch's tensor-lr arithmetic
         descend, kernel_base = self._descend(group)
         names = self._state_names(group)
-        batches: dict[tuple[Any, bool], list[tuple[Tensor, ...]]] = defaultdict(list)
-        hyperbolic_params = []
+        batches: dict[tuple[Any, bool], list[tuple[Tensor, tuple[Tensor, ...], bool]]] = defaultdict(list)
         for param in params:
             state = self.state[param]
             key = self._prepare(param, state, group)
             hyperbolic = param.ndim >= 2 if group["hyperbolic"] is None else group["hyperbolic"]
-            if hyperbolic:
-                hyperbolic_params.append(param)
             tensors = local_shards((param, param.grad, *(state[name] for name in names)))
+            whole = tensors[0] is param  # not a shard: the kernel's sum of squares is the tensor's
             if tensors[0].numel() == 0:  # a rank holding no element of a sharded parameter
                 continue
             if param.is_complex():  # real and imaginary parts as independent reals, as torch's Adam
                 tensors = tuple(torch.view_as_real(t) for t in tensors)
-            batches[(key, hyperbolic)].append(tensors)
-        for (key, hyperbolic), tensors in batches.items():
+            batches[(key, hyperbolic)].append((param, tensors, whole))
+        sums_of_squares = {}
+        for (key, hyperbolic), entries in batches.items():
             mirror = self._mirror(group, lr) if hyperbolic else (0.0, 0.0, 0.0, math.inf)
-            mirror_step_foreach_(
-                descend, kernel_base, tensors, self._scalars(group, lr, key, mirror),
+            sums = mirror_step_foreach_(
+                descend, kernel_base, [tensors for _, tensors, _ in entries], self._scalars(group, lr, key, mirror),
                 order=group.get("order", "ms"), guard=hyperbolic and self._guard(group),
-                fast=use_fast_path(group["fused"]),
+                fast=use_fast_path(group["fused"]), sums_of_squares=self._needs_norms(group),
             )  # fmt: skip
-        self._after_step(group, hyperbolic_params)
+            for (param, _, whole), total in zip(entries, sums):
+                if whole and total is not None:
+                    sums_of_squares[param] = total
+        self._after_step(group, params, sums_of_squares)
 
 
 def local_shards(tensors: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
