@@ -39,6 +39,25 @@ def without_markers(run_dir: Path) -> list[dict]:
     return [r for r in read_records(run_dir) if r.get("event") != "checkpoint"]
 
 
+BOTH_STRATEGIES = """
+import sys
+
+from hydra import compose, initialize_config_dir
+
+from training.distributed import shutdown_distributed
+from training.gpt2.config import register_configs
+from training.gpt2.run import run
+
+register_configs()
+configs, out, overrides = sys.argv[1], sys.argv[2], sys.argv[3:]
+for strategy in ("ddp", "fsdp2"):  # one after the other in the same two processes: one launch
+    with initialize_config_dir(config_dir=configs, version_base="1.3"):
+        cfg = compose("train_gpt2", overrides=[*overrides, f"distributed={strategy}"])
+    run(cfg, run_dir=f"{out}/{strategy}")
+shutdown_distributed()
+"""
+
+
 @pytest.mark.parametrize(
     "optimizer", ["adamw", pytest.param("horst", marks=pytest.mark.slow)]  # horst: its plain path (HORST_FUSED=0)
 )
@@ -50,8 +69,13 @@ def test_fsdp2_run_equals_ddp_run_of_the_same_config(pydoc_dir, tmp_path, optimi
     overrides = tiny_overrides(pydoc_dir, f"optimizer={optimizer}", "train.grad_clip=0", "train.max_steps=4",
                                "train.micro_batch_size=1", "train.eval_interval=2", "train.checkpoint_interval=2",
                                "prune.sparsities=[0.0,0.5]")  # fmt: skip
-    ddp = run_two_processes([*overrides, "distributed=ddp"], tmp_path / "ddp")
-    fsdp2 = run_two_processes([*overrides, "distributed=fsdp2"], tmp_path / "fsdp2")
+    script = tmp_path / "both.py"
+    script.write_text(BOTH_STRATEGIES)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+               str(ROOT / "configs"), str(tmp_path), *overrides]  # fmt: skip
+    done = subprocess.run(command, env=_subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ddp, fsdp2 = (json.loads((tmp_path / s / "summary.json").read_text()) for s in ("ddp", "fsdp2"))
 
     assert (fsdp2["train"]["world_size"], fsdp2["train"]["distributed"]) == (2, "fsdp2")
     assert sorted(p.name for p in (tmp_path / "fsdp2").glob("ckpt_*")) == ["ckpt_00000002.dcp", "ckpt_00000004.dcp"]
