@@ -272,7 +272,7 @@ def restore_training_state(
     (`step`, `config` and the extras). A model sharded by FSDP2 reads its shards from the DCP
     folder `path` (a collective)."""
     if is_sharded(model):
-        _load_shards(Path(path), model, optimizer)
+        _load_shards(path, model, optimizer)
     else:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
@@ -281,13 +281,13 @@ def restore_training_state(
     return {k: v for k, v in state.items() if k not in ("model", "optimizer", "scheduler", "rng")}
 
 
-def _load_shards(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Each process reads its own shards (DCP reshards if the number of processes changed)."""
+def _load_shards(folder: str | os.PathLike | None, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Each process reads its own shards into the live DTensors."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    if not folder.is_dir():
+    if folder is None or not Path(folder).is_dir():
         raise CheckpointError(f"checkpoint {folder} is not a DCP folder; a model sharded by FSDP2 resumes from ckpt_*.dcp")
     model_state, optimizer_state = get_state_dict(model, optimizer)  # the shapes and shardings to read into
     shards = {"model": model_state, "optimizer": optimizer_state}
