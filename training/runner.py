@@ -48,6 +48,7 @@ from training.config import ConfigError, RunError
 from training.distributed import barrier, broadcast_object, init_distributed, shutdown_distributed
 from training.env import autocast_dtype, device_type, seed_everything, select_device
 from training.preemption import PreemptionGuard
+from training.no_effect import NO_EFFECT
 from training.run_log import FAILED_FILE, RunLogger, git_commit, write_json_atomic
 
 NON_FINITE_EXIT_CODE = 4  # a run stopped by a non-finite loss (preemption's is 3)
@@ -59,8 +60,6 @@ _open_run: Run | None = None  # the Run a task started and has not finished: `hy
 # What `resume_override` may change on resume, and how the new value reaches the live objects.
 OVERRIDABLE = ("train.lr", "train.base_lr", "train.min_lr", "optimizer.")
 
-# Settings that may change when a run is continued: they do not change what is trained.
-RESUMABLE_CHANGES = ("resume", "logging", "device", "compile", "cpu_threads")
 
 
 class NonFiniteLossError(RunError):
@@ -228,7 +227,7 @@ class Run:
         """Load the checkpoint `resume` names into the live objects and open the run log.
 
         Returns the checkpoint's other entries (`step` and the pipeline's extras), or None
-        for a fresh start. A checkpoint written with other settings than `RESUMABLE_CHANGES`
+        for a fresh start. A checkpoint written with other settings than `training.no_effect.NO_EFFECT`
         and the pipeline's `may_change` is refused, naming every differing key; `check` adds
         the pipeline's own conditions; `position` says where the run continues.
 
@@ -248,7 +247,7 @@ class Run:
         state = None
         if path is not None:
             state = load_checkpoint(path, map_location=self.device)
-            ignore = RESUMABLE_CHANGES + tuple(may_change) + ("resume_override", *overrides)
+            ignore = NO_EFFECT + tuple(may_change) + ("resume_override", *overrides)
             differences = config_differences(state["config"], self.config, ignore=ignore)
             if differences:
                 raise CheckpointError(

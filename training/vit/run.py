@@ -35,11 +35,6 @@ from training.vit.data import (
 )  # fmt: skip
 from training.vit.model import build_model, evaluate
 
-# May differ when a run is continued: they change what is logged or how fast, not what is trained.
-MAY_CHANGE_ON_RESUME = ("data.root", "data.num_workers", "data.pin_memory", "data.skip_corrupt",
-                        "train.eval_batch_size", "train.log_interval", "train.checkpoint_interval",
-                        "train.keep_checkpoints", "acdc.histogram_bins")  # fmt: skip
-
 
 PHASE_IDS = {"dense": 0, "compressed": 1, "decompressed": 2}  # `val/phase_id`: W&B charts numbers
 
@@ -119,7 +114,7 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
         return f"{at} ({schedule.phase(min(epoch, t.epochs - 1))} phase)"
 
     state = r.restore(
-        model=model, optimizer=optimizer, scheduler=scheduler, lr=lr, may_change=MAY_CHANGE_ON_RESUME, check=check,
+        model=model, optimizer=optimizer, scheduler=scheduler, lr=lr, check=check,
         position=position,
     )  # fmt: skip
     # `batch`: batches of `epoch` done; `epoch_loss`: the sum of their (mean over processes) losses.
