@@ -46,7 +46,7 @@ class NoRunsError(RuntimeError):
 
 def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     """{"a": {"b": 1}} -> {"a.b": 1}; lists become tuples (hashable, comparable)."""
-    if isinstance(value, dict) and value:
+    if isinstance(value, dict) and (value or not prefix):
         out: dict[str, Any] = {}
         for key, item in value.items():
             out |= flatten(item, f"{prefix}.{key}" if prefix else str(key))
@@ -114,6 +114,17 @@ def _values(summary: dict[str, Any]) -> list[dict[str, Any]]:
                      "pattern": "dense" if dense else r.get("pattern", "unstructured"), "sparsity": float(r["sparsity"]),
                      "value": math.nan if r.get("ppl") is None else float(r["ppl"])})  # fmt: skip
     return rows
+
+
+def _failed_values(pipeline: str, config: dict[str, Any]) -> list[dict[str, Any]]:
+    """The numbers a failed run would have had, as NaN: ViT's top-1 at its sparsity, GPT-2's
+    magnitude perplexities at its sparsities."""
+    if pipeline == "vit":
+        acdc = config["acdc"]
+        return [{"metric": "top1", "method": "acdc", "pattern": acdc.get("pattern", "unstructured"),
+                 "sparsity": float(acdc["sparsity"]), "value": math.nan}]  # fmt: skip
+    return [{"metric": "ppl", "method": "none" if s == 0 else "magnitude", "pattern": "dense" if s == 0 else "unstructured",
+             "sparsity": float(s), "value": math.nan} for s in config["prune"]["sparsities"]]  # fmt: skip
 
 
 SMALL_WEIGHT = 1e-3  # `weights_below_1e-3`: the share of prunable weights with |w| below this
@@ -197,15 +208,18 @@ def scan(dirs: Sequence[str | Path], *, base: Path | None = None) -> Found:
         run = _shown(folder, base)
         try:
             config = _read(folder / CONFIG) if (folder / CONFIG).is_file() else None
-            if (folder / FAILED).is_file():
-                failed = _read(folder / FAILED)
-                found.left_out.append(f"{run}: failed (exit code {failed.get('exit_code')}: "
-                                      f"{str(failed.get('reason', '')).splitlines()[0] if failed.get('reason') else '?'})")  # fmt: skip
-                continue
-            if not (folder / SUMMARY).is_file():
+            if (folder / FAILED).is_file():  # its numbers count as diverged: a cell says so, a sweep ranks it worst
+                summary = _read(folder / FAILED)
+                config = summary.get("config") or config
+                reason = str(summary.get("reason") or "?").splitlines()[0]
+                found.left_out.append(f"{run}: failed (exit code {summary.get('exit_code')}: {reason}); counted as diverged")
+                values = _failed_values(summary["pipeline"], config)
+            elif (folder / SUMMARY).is_file():
+                summary = _read(folder / SUMMARY)
+                values = _values(summary) + _weight_values(folder)
+            else:
                 found.left_out.append(f"{run}: unfinished ({CONFIG} but no {SUMMARY}: running, killed or preempted)")
                 continue
-            summary = _read(folder / SUMMARY)
             if not isinstance(config, dict):
                 found.left_out.append(f"{run}: no {CONFIG} (the record of what ran)")
                 continue
@@ -221,7 +235,7 @@ def scan(dirs: Sequence[str | Path], *, base: Path | None = None) -> Found:
             found.left_out.append(f"{run}: {error}")
             continue
         columns = {f"config.{k}": v for k, v in signature(config).items()}
-        rows += [{**identity, **value, **columns} for value in _values(summary) + _weight_values(folder)]
+        rows += [{**identity, **value, **columns} for value in values]
         found.folders[run] = folder
     found.frame = pd.DataFrame.from_records(rows)
     for line in found.left_out:
