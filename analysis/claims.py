@@ -61,12 +61,13 @@ def _endpoints(rules: dict[str, Any], claim: dict[str, Any], frame: pd.DataFrame
         cells = {**rules["cells"][claim["pipeline"]], **{k: spec[k] for k in ("method", "pattern") if k in spec}}
         table = per_seed(frame, claim["pipeline"], spec["metric"], cells["method"], cells["pattern"])
         operator = " / " if log else " − "
+        named = "" if spec["metric"] in ("top1", "ppl") else f"{metric['name']}: "  # the headline metrics go unnamed
         base = dict(claim=claim["id"], metric=spec["metric"], first=spec["first"], second=spec["second"],
                     unit=metric["unit"], decimals=metric["decimals"], ratio=log, sign=sign)  # fmt: skip
         if "at" in spec:
             for s in spec["at"]:
                 gains = _gains(table, spec["first"], spec["second"], float(s), log=log)
-                rows.append({**base, "endpoint": f"{spec['first']}{operator}{spec['second']} at {pct(s)}",
+                rows.append({**base, "endpoint": f"{named}{spec['first']}{operator}{spec['second']} at {pct(s)}",
                              "gains": gains})  # fmt: skip
         else:
             start, ends = spec["change"]["from"], spec["change"]["to"]
@@ -78,7 +79,7 @@ def _endpoints(rules: dict[str, Any], claim: dict[str, Any], frame: pd.DataFrame
             after = candidates.get(end, pd.Series(dtype=float))
             seeds = before.index.intersection(after.index)
             what = "ratio" if log else "gain"
-            rows.append({**base, "endpoint": f"{spec['first']}{operator}{spec['second']}: {what} at {pct(end)} "
+            rows.append({**base, "endpoint": f"{named}{spec['first']}{operator}{spec['second']}: {what} at {pct(end)} "
                          f"{'over' if log else 'minus'} {what} at {pct(start)}", "gains": after[seeds] - before[seeds]})  # fmt: skip
     return rows
 

@@ -147,8 +147,9 @@ def readme_block(readme: str) -> str | None:
 
 
 def write_report(frame: pd.DataFrame, out: Path, *, rules: dict[str, Any] | None = None, split: str | None = None,
-                 folders: dict[str, Path] | None = None, left_out: list[str] = (), source: str = "") -> str:  # fmt: skip
-    """Write the folder's files; return claims.md's text."""
+                 folders: dict[str, Path] | None = None, left_out: list[str] = (), source: str = "",
+                 intro: str = "") -> str:  # fmt: skip
+    """Write the folder's files, README.md last (`intro`, then the headline); return claims.md's text."""
     rules = rules or claims.load_rules()
     split = split or rules["split"]
     frame = select_split(frame, split)
@@ -178,7 +179,8 @@ def write_report(frame: pd.DataFrame, out: Path, *, rules: dict[str, Any] | None
     verdicts.merge(_ratio_csv(judgement), on="claim").drop(columns=["sign", "text"]).to_csv(out / "claims.csv", index=False)
     claims_md = claims_markdown(judgement, verdicts, rules, split)
     (out / "claims.md").write_text(claims_md)
-    (out / "headline.md").write_text(headline_markdown(judgement, verdicts, split, source or str(out)))
+    headline = headline_markdown(judgement, verdicts, split, source or str(out))
+    (out / "headline.md").write_text(headline)
     if (frame.metric == "top1").any():
         figures.metric_figure(frame, out / "accuracy_vs_sparsity.png", metric="top1", ylabel="top-1 accuracy (%)",
                               title=f"Top-1 of the final sparse ViT ({split} split)")  # fmt: skip
@@ -190,6 +192,14 @@ def write_report(frame: pd.DataFrame, out: Path, *, rules: dict[str, Any] | None
     if folders:
         for note in figures.weight_figure(frame, folders, out / "weight_distribution.png"):
             print(f"note: {note}")
+    if split != rules["split"]:
+        intro += (f"\nThese numbers are measured on the {split} split. The study's verdicts read the {rules['split']} split "
+                  "(analysis/claims.yaml): numbers on the split that tuned values were picked on favour the tuned arms.\n")  # fmt: skip
+    commits = sorted(frame.git_commit.dropna().map(lambda c: c[:12] + ("-dirty" if c.endswith("-dirty") else "")).unique())
+    intro += (f"\n{frame.run.nunique()} runs ({', '.join(f'{p}: {n}' for p, n in frame.drop_duplicates('run').pipeline.value_counts().items())}) "
+              f"from commit(s) {', '.join(f'`{c}`' for c in commits)}. Files: tables.md (and vit_acdc / gpt2_pruning as "
+              "CSV and LaTeX), paired.md/.csv, claims.md/.csv (verdicts and the power table), headline.md, the figures.\n\n")  # fmt: skip
+    (out / "README.md").write_text(intro + headline)
     return claims_md
 
 
@@ -228,7 +238,10 @@ def main(argv: list[str] | None, *, study: bool) -> None:
         split = args.split or (None if study else splits[0] if len(splits) == 1 else None)
         if split is None and not study:
             raise NoRunsError(f"the runs are measured on several splits ({', '.join(splits)}): choose one with --split")
-        text = write_report(frame, Path(args.out), split=split, folders=folders, left_out=left_out, source=", ".join(args.sources))
+        script = "study_report" if study else "make_tables"
+        line = " ".join(["python", f"scripts/{script}.py", *args.sources, "--out", args.out] + (["--split", args.split] if args.split else []))
+        text = write_report(frame, Path(args.out), split=split, folders=folders, left_out=left_out,
+                            source=", ".join(args.sources), intro=f"# Results\n\nWritten by `{line}` (analysis.report).\n")  # fmt: skip
     except (NoRunsError, ValueError) as error:
         sys.exit(f"error: {error}")
     if folders:

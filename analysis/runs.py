@@ -36,6 +36,7 @@ SUMMARY, FAILED, CONFIG = "summary.json", "failed.json", "config.yaml"
 ARMS = Path(__file__).resolve().parents[1] / "configs" / "arm"
 # Not in a signature besides NO_EFFECT: the replicate, the label, the table's column keys.
 NOT_SIGNATURE = ("seed", "arm", "acdc.sparsity", "prune")
+UNRECORDED = "unrecorded"  # the signature of a record row whose run's config was not recorded
 RECORD_COLUMNS = ["run", "pipeline", "data", "model", "arm", "optimizer", "seed", "eval_split", "git_commit",
                   "signature", "metric", "method", "pattern", "sparsity", "value", "wall_time_s"]  # fmt: skip
 

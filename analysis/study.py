@@ -36,7 +36,7 @@ import pandas as pd
 import yaml
 
 from analysis.report import write_report
-from analysis.runs import NoRunsError, read_record, scan, signature, signature_hash, write_record
+from analysis.runs import RECORD_COLUMNS, UNRECORDED, NoRunsError, read_record, scan, signature, signature_hash, write_record
 
 REPO = Path(__file__).resolve().parents[1]
 CODE = ("horst", "pruning", "training", "configs")  # what a run's numbers depend on
@@ -161,8 +161,11 @@ def runs_of(jobs: Sequence[Job], record: Path) -> tuple[pd.DataFrame, dict[str, 
         rows = read_record([record])
         parts.append(rows[~rows.run.isin(found.frame.run if parts else [])])
     planned = {j.run for j in jobs}
-    frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["run", "signature", "git_commit"])
-    return frame[frame.run.isin(planned)].reset_index(drop=True), (found.folders if found else {})
+    frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=RECORD_COLUMNS)
+    # A run counts where it is one of the study's jobs and its config was recorded (records from before
+    # signatures existed cannot be checked against their job: their jobs run again).
+    mine = frame.run.isin(planned) & (frame.signature != UNRECORDED)
+    return frame[mine].reset_index(drop=True), (found.folders if found else {})
 
 
 def stale(jobs: Sequence[Job], frame: pd.DataFrame, folders: dict[str, Path]) -> list[str]:
@@ -261,8 +264,8 @@ def run_study(study: str, *, extra: Sequence[str] = (), report_only: bool = Fals
     out.mkdir(parents=True, exist_ok=True)
     write_record(frame, record)
     split = {_preset(p).get("eval_split", "validation") for p in presets}.pop()
-    write_report(frame, out, split=split, folders=folders, source=f"results/{study}/runs.csv")
-    (out / "README.md").write_text(readme(study, frame, jobs, extra, split) + (out / "headline.md").read_text())
+    write_report(frame, out, split=split, folders=folders, source=f"results/{study}/runs.csv",
+                 intro=readme(study, frame, jobs, extra, split))  # fmt: skip
     missing = len(jobs) - frame.run.nunique()
     return status or int(missing > 0)
 
