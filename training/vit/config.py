@@ -15,6 +15,7 @@ import pruning
 from training.config import ConfigError, RunConfig, check_known_keys, require, validate_run
 from training.optim import check_optimizer
 from training.presets import register_help
+from training.vit.model import pair
 
 
 @dataclasses.dataclass
@@ -22,8 +23,8 @@ class ViTModelConfig:
     arch: str = MISSING  # vit
     name: str = MISSING  # the preset's name, recorded in the summary
     timm_name: str = MISSING  # a timm VisionTransformer, e.g. deit_small_patch16_224
-    img_size: int = MISSING
-    patch_size: int = MISSING
+    img_size: Any = MISSING  # n (square) or [height, width], e.g. MNIST-1D's [1, 40]
+    patch_size: Any = MISSING  # n or [height, width], e.g. [1, 4]
     embed_dim: int = MISSING
     depth: int = MISSING
     num_heads: int = MISSING
@@ -32,9 +33,12 @@ class ViTModelConfig:
 
 @dataclasses.dataclass
 class ImageDataConfig:
-    name: str = MISSING  # digits (embedded) | imagefolder (ImageNet layout under root)
+    name: str = MISSING  # digits | mnist1d (embedded) | imagefolder (ImageNet layout under root)
     root: Optional[str] = MISSING  # imagefolder: a folder with train/<class>/ and val/<class>/
-    val_fraction: Optional[float] = MISSING  # digits: stratified validation split; null otherwise
+    val_fraction: Optional[float] = MISSING  # digits, mnist1d: stratified validation split; null otherwise
+    test_fraction: Optional[float] = MISSING  # digits, mnist1d: stratified test split; null: none
+    num_samples: Optional[int] = MISSING  # mnist1d: examples generated (all splits); null otherwise
+    minival_size: Optional[int] = MISSING  # imagefolder: training images held out as validation; val/ is the test split
     num_workers: int = MISSING  # DataLoader workers per process
     pin_memory: bool = MISSING  # on CUDA
     repeated_aug: int = MISSING  # repeats per image and epoch under DDP (RepeatAugSampler); 1: off
@@ -94,10 +98,15 @@ class ACDCConfig:
 
 @dataclasses.dataclass
 class ViTRunConfig(RunConfig):
+    eval_split: str = MISSING  # validation | test: the split of the final top-1/top-5 (every epoch's is validation)
     data: ImageDataConfig = MISSING
     aug: AugConfig = MISSING
     train: ViTTrainConfig = MISSING
     acdc: ACDCConfig = MISSING
+
+
+EVAL_SPLITS = ("validation", "test")
+DATASETS = ("digits", "imagefolder", "mnist1d")
 
 
 def register_configs() -> None:
@@ -140,9 +149,19 @@ def validate(cfg: DictConfig, *, world_size: int) -> None:
     check_known_keys(cfg, ViTRunConfig)
     check_known_keys(m, ViTModelConfig, prefix="model.")
     require(timm.is_model(m.timm_name), f"model.timm_name={m.timm_name!r} is not a timm model")
-    for key in ("img_size", "patch_size", "embed_dim", "depth", "num_heads"):
+    for key in ("img_size", "patch_size"):
+        size = m[key]
+        require(
+            isinstance(size, int) or (len(size) == 2 and all(isinstance(n, int) for n in size)),
+            f"model.{key}={size} must be an integer or [height, width]",
+        )
+        require(min(pair(size)) > 0, f"model.{key}={size} must be positive")
+    for key in ("embed_dim", "depth", "num_heads"):
         require(m[key] > 0, f"model.{key}={m[key]} must be positive")
-    require(m.img_size % m.patch_size == 0, f"model.img_size={m.img_size} must be a multiple of model.patch_size={m.patch_size}")
+    require(
+        all(n % p == 0 for n, p in zip(pair(m.img_size), pair(m.patch_size))),
+        f"model.img_size={m.img_size} must be a multiple of model.patch_size={m.patch_size}",
+    )
     require(m.embed_dim % m.num_heads == 0, f"model.embed_dim={m.embed_dim} must be divisible by model.num_heads={m.num_heads}")
     require(0 <= m.drop_path < 1, f"model.drop_path={m.drop_path} must be in [0, 1)")
 
@@ -171,9 +190,25 @@ def validate(cfg: DictConfig, *, world_size: int) -> None:
         require(t[key] >= 0, f"train.{key}={t[key]} must be >= 0")
     require(t.keep_checkpoints >= 1, f"train.keep_checkpoints={t.keep_checkpoints} must be >= 1")
 
-    require(d.name in ("digits", "imagefolder"), f"data.name={d.name!r} is unknown; use digits or imagefolder")
-    if d.name == "digits":
+    require(
+        cfg.eval_split in EVAL_SPLITS,
+        f"eval_split={cfg.eval_split!r} is unknown; use validation (tuning, monitoring) or test (the reported numbers)",
+    )
+    require(d.name in DATASETS, f"data.name={d.name!r} is unknown; use digits or imagefolder (ImageNet layout) or mnist1d")
+    if d.name in ("digits", "mnist1d"):
         require(d.val_fraction is not None and 0 < d.val_fraction < 1, f"data.val_fraction={d.val_fraction} must be in (0, 1)")
+        require(
+            d.test_fraction is None or 0 <= d.test_fraction < 1 - d.val_fraction,
+            f"data.test_fraction={d.test_fraction} must be in [0, 1 - data.val_fraction) or null (no test split)",
+        )
+    if d.name == "mnist1d":
+        require(d.num_samples is not None and d.num_samples >= 100, f"data.num_samples={d.num_samples} must be >= 100")
+        require(pair(m.img_size) == (1, 40), f"model.img_size={m.img_size} must be [1, 40] for MNIST-1D (model=vit_mnist1d)")
+    if d.name == "imagefolder":
+        require(
+            d.minival_size is not None and d.minival_size > 0,
+            f"data.minival_size={d.minival_size} must be positive: the training images held out for validation (ImageNet: 10000)",
+        )
     require(d.num_workers >= 0, f"data.num_workers={d.num_workers} must be >= 0")
     require(d.repeated_aug >= 1, f"data.repeated_aug={d.repeated_aug} must be >= 1 (1: no repeated augmentation)")
 

@@ -14,6 +14,10 @@ depending on saved RNG state, and a run resumed mid-epoch skips the done batches
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import functools
+import hashlib
 import random
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -48,24 +52,39 @@ def epoch_seed(seed: int, epoch: int, *streams: int) -> int:
 
 # ---- datasets ------------------------------------------------------------------------------
 
+SPLITS = ("train", "validation", "test")  # validation: monitoring and tuning; test: the reported numbers
+SPLIT_SEED = 0  # of every fixed split: the same data for every run seed
+
+
+def stratified_splits(targets: np.ndarray, *, val_fraction: float, test_fraction: float | None) -> dict[str, np.ndarray]:
+    """Indices of a fixed stratified train / validation / test split (independent of the run's
+    seed: seeds vary the training, not the data). Validation is drawn first, the test split
+    from the rest, so a test split leaves the validation images as they were without one."""
+    from sklearn.model_selection import train_test_split
+
+    everything = np.arange(len(targets))
+    rest, validation = train_test_split(everything, test_size=val_fraction, stratify=targets, random_state=SPLIT_SEED)
+    test = np.array([], dtype=np.int64)
+    if test_fraction:
+        rest, test = train_test_split(
+            rest, test_size=round(test_fraction * len(targets)), stratify=targets[rest], random_state=SPLIT_SEED
+        )
+    return {"train": rest, "validation": validation, "test": test}
+
 
 class DigitsDataset(Dataset):
     """scikit-learn's bundled 8x8 digits (1797 images, 10 classes) as RGB PIL images, so they
-    go through the same timm transforms as ImageNet. The train/val split is stratified and
-    fixed (independent of the run's seed): seeds vary the training, not the data."""
+    go through the same timm transforms as ImageNet, split by `stratified_splits`."""
 
-    SPLIT_SEED = 0
-
-    def __init__(self, split: str, *, val_fraction: float, transform: Callable | None = None) -> None:
+    def __init__(
+        self, split: str, *, val_fraction: float, test_fraction: float | None = None, transform: Callable | None = None
+    ) -> None:
         from sklearn.datasets import load_digits
-        from sklearn.model_selection import train_test_split
 
         digits = load_digits()
         pixels = (digits.images * (255.0 / 16.0)).round().astype(np.uint8)  # 0..16 -> 0..255
-        train_idx, val_idx = train_test_split(
-            np.arange(len(pixels)), test_size=val_fraction, stratify=digits.target, random_state=self.SPLIT_SEED
-        )
-        indices = {"train": train_idx, "val": val_idx}[split]
+        indices = stratified_splits(digits.target, val_fraction=val_fraction, test_fraction=test_fraction)[split]
+        self.indices = indices
         self.images = [Image.fromarray(pixels[i]).convert("RGB") for i in indices]
         self.targets = [int(digits.target[i]) for i in indices]
         self.classes = [str(c) for c in digits.target_names]
@@ -77,6 +96,46 @@ class DigitsDataset(Dataset):
     def __getitem__(self, index: int):
         image = self.images[index]
         return (self.transform(image) if self.transform else image), self.targets[index]
+
+
+@functools.cache
+def mnist1d_examples(num_samples: int) -> tuple[np.ndarray, np.ndarray]:
+    """`(x [n, 40] float32, y [n])`: MNIST-1D (Greydanus & Steinbach, "Scaling down deep
+    learning with MNIST-1D", ICML 2024) generated here by the package's `make_dataset` with
+    its published defaults (`get_dataset_args()`) but `num_samples` examples; never its
+    download. Its own train/test cut is undone: `stratified_splits` makes ours. `make_dataset`
+    reseeds python's and numpy's global RNGs; their states are put back."""
+    from mnist1d.data import get_dataset_args, make_dataset
+
+    args = get_dataset_args()
+    args.num_samples = num_samples
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    try:
+        made = make_dataset(args)
+    finally:
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
+    x = np.concatenate([made["x"], made["x_test"]]).astype(np.float32)
+    return x, np.concatenate([made["y"], made["y_test"]]).astype(np.int64)
+
+
+class Mnist1DDataset(Dataset):
+    """MNIST-1D as 1 x 40 one-channel images (`mnist1d_examples`), for a ViT with (1, p)
+    patches. Its generator already shifts, scales, shears and adds noise to every example,
+    so no image transform applies; items are `(tensor [1, 1, 40], label)`."""
+
+    def __init__(self, split: str, *, num_samples: int, val_fraction: float, test_fraction: float | None) -> None:
+        x, y = mnist1d_examples(num_samples)
+        self.indices = stratified_splits(y, val_fraction=val_fraction, test_fraction=test_fraction)[split]
+        self.inputs = torch.from_numpy(x[self.indices]).view(-1, 1, 1, x.shape[1])
+        self.targets = y[self.indices].tolist()
+        self.classes = [str(c) for c in range(10)]
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index: int):
+        return self.inputs[index], self.targets[index]
 
 
 def check_imagefolder_root(root: str | None) -> list[str]:
@@ -153,22 +212,104 @@ def skipped_images(skipped_log: Path) -> list[str]:
     return sorted(set(skipped_log.read_text().splitlines())) if skipped_log.exists() else []
 
 
+def minival_indices(samples: list[tuple[str, int]], folder: Path, *, size: int) -> list[int]:
+    """The held-out minival of an ImageFolder's training images, as indices into `samples`
+    (torchvision's `(path, class)` list of `folder`): `size` images, spread evenly over the
+    classes (the first `size % classes` classes one more), in each class those whose path
+    relative to `folder` ("<class>/<file>") has the smallest SHA-256. A function of the file
+    names alone: the same list on every machine and copy of the data, whatever its root or
+    listing order (AlgoPerf's ImageNet workload also tunes on held-out training images and
+    reports on the official validation set)."""
+    by_class: dict[int, list[tuple[str, int]]] = {}
+    for index, (path, target) in enumerate(samples):
+        name = Path(path).relative_to(folder).as_posix()
+        by_class.setdefault(target, []).append((hashlib.sha256(name.encode()).hexdigest(), index))
+    quota, extra = divmod(size, len(by_class))
+    held = []
+    for rank, target in enumerate(sorted(by_class)):
+        count, images = quota + (rank < extra), sorted(by_class[target])
+        if count >= len(images):
+            raise DataLayoutError(
+                f"data.minival_size={size} holds out {count} training images of class {target}, which has only "
+                f"{len(images)}: lower data.minival_size (ImageNet: 10000, 10 per class)"
+            )
+        held += [index for _, index in images[:count]]
+    return sorted(held)
+
+
+def _with_samples(folder_dataset, indices: list[int], transform: Callable | None):
+    """A copy of an ImageFolder holding only `samples[indices]`, with its own transform."""
+    subset = copy.copy(folder_dataset)
+    subset.samples = [folder_dataset.samples[i] for i in indices]
+    subset.imgs, subset.targets = subset.samples, [t for _, t in subset.samples]
+    subset.transform = transform
+    return subset
+
+
+@dataclasses.dataclass
+class ImageData:
+    """A run's datasets. `test` is built only for a run that reports on it (`eval_split:
+    test`); `sources` says what each split is, `minival` lists the training images an
+    ImageFolder's validation split holds out (paths relative to `<root>/train`)."""
+
+    train: Dataset
+    val: Dataset
+    test: Dataset | None
+    classes: list[str]
+    sources: dict[str, str]
+    in_chans: int = 3
+    minival: list[str] | None = None
+
+    def split(self, name: str) -> Dataset:
+        return {"validation": self.val, "test": self.test}[name]
+
+
 def build_datasets(
-    data: Mapping[str, Any], *, train_transform: Callable, eval_transform: Callable, skipped_log: Path | None = None
-):
-    """`(train, val, class names)` for `data.name` digits or imagefolder."""
-    if data["name"] == "digits":
-        train = DigitsDataset("train", val_fraction=data["val_fraction"], transform=train_transform)
-        val = DigitsDataset("val", val_fraction=data["val_fraction"], transform=eval_transform)
-        return train, val, train.classes
+    data: Mapping[str, Any], aug: Mapping[str, Any], *, img_size: int, eval_split: str = "validation",
+    skipped_log: Path | None = None,
+) -> ImageData:  # fmt: skip
+    """The train, validation and (with `eval_split="test"`) test sets of `data.name`:
+    digits or mnist1d (fixed stratified splits, `stratified_splits`), or an ImageFolder root
+    (validation: the minival held out of `train/`, `minival_indices`; test: `val/`, the
+    official validation set). Images go through timm's transforms (`build_transforms`);
+    MNIST-1D through none. A split the data does not have is a one-line `DataLayoutError`."""
+    name, with_test = data["name"], eval_split == "test"
+    if name in ("digits", "mnist1d"):
+        if with_test and not data["test_fraction"]:
+            raise DataLayoutError(
+                f"eval_split=test, but data.name={name} has no test split with data.test_fraction="
+                f"{data['test_fraction']}; set data.test_fraction (the recipe's: 0.2 for digits) or eval_split=validation"
+            )
+        fractions = dict(val_fraction=data["val_fraction"], test_fraction=data["test_fraction"])
+        if name == "mnist1d":
+            make = functools.partial(Mnist1DDataset, num_samples=data["num_samples"], **fractions)
+            splits = {split: make(split) for split in SPLITS if split != "test" or with_test}
+            in_chans = 1
+        else:
+            train_transform, eval_transform = build_transforms(aug, img_size=img_size)
+            transforms = {"train": train_transform, "validation": eval_transform, "test": eval_transform}
+            splits = {s: DigitsDataset(s, transform=transforms[s], **fractions) for s in SPLITS if s != "test" or with_test}
+            in_chans = 3
+        sources = {split: f"{len(dataset)} of the {name} examples (fixed stratified split)" for split, dataset in splits.items()}
+        return ImageData(splits["train"], splits["validation"], splits.get("test"), splits["train"].classes, sources, in_chans)
+
     classes = check_imagefolder_root(data["root"])
     root = Path(data["root"]).expanduser()
     skip = bool(data.get("skip_corrupt", False))
-    return (
-        _image_folder(root / "train", train_transform, skip_corrupt=skip, skipped_log=skipped_log),
-        _image_folder(root / "val", eval_transform, skip_corrupt=skip, skipped_log=skipped_log),
-        classes,
-    )
+    train_transform, eval_transform = build_transforms(aug, img_size=img_size)
+    full_train = _image_folder(root / "train", None, skip_corrupt=skip, skipped_log=skipped_log)
+    held = minival_indices(full_train.samples, root / "train", size=data["minival_size"])
+    held_set = set(held)
+    train = _with_samples(full_train, [i for i in range(len(full_train.samples)) if i not in held_set], train_transform)
+    validation = _with_samples(full_train, held, eval_transform)
+    test = _image_folder(root / "val", eval_transform, skip_corrupt=skip, skipped_log=skipped_log) if with_test else None
+    minival = [Path(p).relative_to(root / "train").as_posix() for p, _ in validation.samples]
+    sources = {
+        "train": f"train/ less the {len(held)} minival images",
+        "validation": f"minival: {len(held)} images held out of train/ (minival.txt)",
+        "test": "val/ (the official validation set)",
+    }
+    return ImageData(train, validation, test, classes, sources, minival=minival)
 
 
 # ---- transforms ------------------------------------------------------------------------------

@@ -12,16 +12,23 @@ from training.distributed import all_reduce_sum
 from training.env import autocast
 
 
-def build_model(model_cfg: DictConfig, *, num_classes: int) -> torch.nn.Module:
-    """A randomly initialised timm VisionTransformer with the preset's shape."""
+def pair(size) -> tuple[int, int]:
+    """`(height, width)` of a square size `n` or a `[height, width]` list (MNIST-1D: [1, 40])."""
+    return (size, size) if isinstance(size, int) else tuple(size)
+
+
+def build_model(model_cfg: DictConfig, *, num_classes: int, in_chans: int = 3) -> torch.nn.Module:
+    """A randomly initialised timm VisionTransformer with the preset's shape; `in_chans`
+    is the data's (3 for images, 1 for MNIST-1D)."""
     import timm
 
     return timm.create_model(
         model_cfg.timm_name,
         pretrained=False,
         num_classes=num_classes,
-        img_size=model_cfg.img_size,
-        patch_size=model_cfg.patch_size,
+        in_chans=in_chans,
+        img_size=pair(model_cfg.img_size),
+        patch_size=pair(model_cfg.patch_size),
         embed_dim=model_cfg.embed_dim,
         depth=model_cfg.depth,
         num_heads=model_cfg.num_heads,

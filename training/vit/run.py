@@ -31,9 +31,13 @@ from training.runner import Run
 from training.schedule import build_lr_scheduler
 from training.vit.config import acdc_schedule, scaled_lr, validate
 from training.vit.data import (
-    TrainLoader, build_datasets, build_mixup, build_transforms, epoch_seed, eval_loader, skipped_images,
+    TrainLoader, build_datasets, build_mixup, epoch_seed, eval_loader, skipped_images,
 )  # fmt: skip
 from training.vit.model import build_model, evaluate
+
+# Besides training.no_effect.NO_EFFECT, a continued run may change which split its final model is
+# measured on (read only after training): what is measured, not what is trained.
+MAY_CHANGE_ON_RESUME = ("eval_split",)
 
 
 PHASE_IDS = {"dense": 0, "compressed": 1, "decompressed": 2}  # `val/phase_id`: W&B charts numbers
@@ -58,12 +62,14 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
     dist, device, t, acdc = r.dist, r.device, cfg.train, cfg.acdc
     channels_last = device.type == "cuda"
 
-    # ---- data: the same timm pipeline for ImageNet and the digits ----------------------------
-    train_transform, eval_transform = build_transforms(cfg.aug, img_size=cfg.model.img_size)
+    # ---- data: the same timm pipeline for ImageNet and the digits; test only if reported ------
     skipped_log = r.run_dir / "skipped_images.txt"  # data.skip_corrupt: the unreadable images met
-    train_set, val_set, classes = build_datasets(
-        cfg.data, train_transform=train_transform, eval_transform=eval_transform, skipped_log=skipped_log
+    data = build_datasets(
+        cfg.data, cfg.aug, img_size=cfg.model.img_size, eval_split=cfg.eval_split, skipped_log=skipped_log
     )
+    train_set, val_set, classes = data.train, data.val, data.classes
+    if data.minival is not None and r.is_main:  # the fixed list of training images held out for validation
+        r.log.write_text("minival.txt", "".join(f"{path}\n" for path in data.minival))
     mixup, criterion = build_mixup(cfg.aug, num_classes=len(classes))
     pin_memory = cfg.data.pin_memory and device.type == "cuda"
     train_batches = TrainLoader(
@@ -80,7 +86,7 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
         raise ConfigError(f"train.batch_size={t.batch_size} exceeds the {len(train_set)} training images; lower it")
 
     # ---- model, prunable set, AC/DC, optimizer, LR schedule ----------------------------------
-    model = build_model(cfg.model, num_classes=len(classes)).to(device)
+    model = build_model(cfg.model, num_classes=len(classes), in_chans=data.in_chans).to(device)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
     prunable = pruning.prunable_parameters(model, acdc.preset, patterns=list(acdc.patterns) or None)
@@ -114,7 +120,7 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
         return f"{at} ({schedule.phase(min(epoch, t.epochs - 1))} phase)"
 
     state = r.restore(
-        model=model, optimizer=optimizer, scheduler=scheduler, lr=lr, check=check,
+        model=model, optimizer=optimizer, scheduler=scheduler, lr=lr, may_change=MAY_CHANGE_ON_RESUME, check=check,
         position=position,
     )  # fmt: skip
     # `batch`: batches of `epoch` done; `epoch_loss`: the sum of their (mean over processes) losses.
@@ -229,9 +235,18 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
             r.save(step=step, **extra_state())
     bar.close()
 
-    # ---- the result: the final compressed phase's sparse model ---------------------------------
+    # ---- the result: the final compressed phase's sparse model, on `eval_split` ----------------
     r.log.log_table("val/epochs", history, step=step, plot=("epoch", "top1", "top-1 by epoch (phase in the table)"))
-    final = history[-1]
+    final = {"phase": history[-1]["phase"], **{k: history[-1][k] for k in ("top1", "top5")}}
+    eval_set = data.split(cfg.eval_split)
+    if cfg.eval_split == "test":
+        test_batches = eval_loader(
+            eval_set, batch_size=t.eval_batch_size, rank=dist.rank, world_size=dist.world_size,
+            num_workers=cfg.data.num_workers, pin_memory=pin_memory,
+        )  # fmt: skip
+        test = evaluate(forward_model, test_batches, device=device, dtype=r.dtype, channels_last=channels_last)
+        final.update(top1=test["top1"], top5=test["top5"])
+        r.log.log({"test/top1": test["top1"], "test/top5": test["top5"], "test/loss": test["loss"]}, step=step)
     sparsity = pruning.sparsity_stats(prunable)
     opt = OmegaConf.to_container(cfg.optimizer, resolve=True)
     summary = r.finish(
@@ -259,6 +274,8 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
                 "root": cfg.data.root,
                 "train_images": len(train_set),
                 "val_images": len(val_set),
+                **({"test_images": len(data.test)} if data.test is not None else {}),
+                "splits": data.sources,
                 "num_classes": len(classes),
                 "skipped_images": skipped_images(skipped_log),
             },
@@ -280,10 +297,11 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
             "seed": cfg.seed,
             "target_sparsity": acdc.sparsity,
             "measured_sparsity": sparsity["overall"],
+            "eval_split": cfg.eval_split,
             "top1": final["top1"],
             "top5": final["top5"],
             "final_phase": final["phase"],
-            "accuracy_unit": "fraction of the validation images",
+            "accuracy_unit": f"fraction of the {len(eval_set)} {cfg.eval_split} images",
             "per_layer_sparsity": sparsity["per_layer"],
             "epochs": history,
         }
@@ -293,7 +311,7 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
             f"final sparse model ({cfg.model.name}: {summary['model']['parameters'] / 1e6:.2f}M parameters, "
             f"{opt['name']}, AC/DC at {acdc.sparsity:.0%}; measured sparsity {sparsity['overall']:.4f} of "
             f"{sparsity['numel']:,} prunable weights): top-1 {final['top1']:.4f}, top-5 {final['top5']:.4f} "
-            f"on {len(val_set)} validation images"
+            f"on {len(eval_set)} {cfg.eval_split} images"
         )
         print(f"run folder: {r.run_dir}")
     return summary
