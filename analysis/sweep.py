@@ -36,7 +36,7 @@ def scores(frame: pd.DataFrame) -> pd.DataFrame:
         per_run = pruned.groupby("run")["value"].apply(lambda v: float(np.exp(np.log(v).mean())))
     grid_keys = [c for c in runs.columns if c.startswith("config.") and c not in GRID_KEYS]
     first = runs.drop_duplicates("run").set_index("run")
-    grids = first[grid_keys].astype(str).agg("|".join, axis=1)
+    grids = first[grid_keys].apply(lambda row: repr(tuple(row)), axis=1)
     out = pd.DataFrame({"optimizer": first["optimizer"], "grid": grids, "alpha": first[GRID_KEYS[0]].astype(float),
                         "beta": first[GRID_KEYS[1]].astype(float), "seed": first["seed"], "score": per_run})  # fmt: skip
     return out.reset_index()
