@@ -76,7 +76,7 @@ def optimizer_label(node: dict[str, Any]) -> str:
     return name
 
 
-def arm_label(config: dict[str, Any]) -> str:
+def arm_label(config: dict[str, Any], arms: Path = ARMS) -> str:
     """The arm the run recorded, checked against `configs/arm/<arm>.yaml` where it exists (its
     optimizer and its literal optimizer values); runs from before arms: the optimizer, `_sm` for
     HORST's order "sm"."""
@@ -85,7 +85,7 @@ def arm_label(config: dict[str, Any]) -> str:
     arm = config.get("arm")
     if arm is None:
         return name + ("_sm" if optimizer.get("order", "ms") != "ms" else "")
-    file = ARMS / f"{arm}.yaml"
+    file = arms / f"{arm}.yaml"
     if file.is_file():
         spec = yaml.safe_load(file.read_text()) or {}
         chosen = [d["override /optimizer"] for d in spec.get("defaults", []) if isinstance(d, dict) and "override /optimizer" in d]
@@ -195,8 +195,9 @@ def _shown(path: Path, base: Path) -> str:
         return str(path)
 
 
-def scan(dirs: Sequence[str | Path], *, base: Path | None = None) -> Found:
-    """Every run folder below `dirs` (hidden folders, Hydra's `.hydra/` and submitit's, aside)."""
+def scan(dirs: Sequence[str | Path], *, base: Path | None = None, arms: Path = ARMS) -> Found:
+    """Every run folder below `dirs` (hidden folders, Hydra's `.hydra/` and submitit's, aside);
+    arms are checked against their files in `arms`."""
     base = base or Path.cwd()
     missing = [str(d) for d in dirs if not Path(d).is_dir()]
     if missing:
@@ -226,7 +227,7 @@ def scan(dirs: Sequence[str | Path], *, base: Path | None = None) -> Found:
                 continue
             identity = {
                 "run": run, "pipeline": summary["pipeline"], "data": str(config.get("data", {}).get("name")),
-                "model": _model(summary["pipeline"], config.get("model", {})), "arm": arm_label(config),
+                "model": _model(summary["pipeline"], config.get("model", {})), "arm": arm_label(config, arms),
                 "optimizer": optimizer_label(config.get("optimizer", {})), "seed": config.get("seed"),
                 "eval_split": summary.get("eval_split", config.get("eval_split", "validation")),
                 "git_commit": summary.get("git_commit"), "signature": signature_hash(config),

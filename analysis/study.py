@@ -70,11 +70,10 @@ def _git(*args: str, repo: Path = REPO) -> str:
 
 def check_clean(repo: Path = REPO) -> None:
     """Refuse a tree with changes outside results/: every number must come from a commit."""
-    changed = _git("status", "--porcelain", "--", ".", ":(exclude)results", repo=repo).strip()
+    changed = _git("status", "--porcelain", "--", ".", ":(exclude)results", repo=repo).splitlines()
     if changed:
-        raise StudyError(f"the working tree has uncommitted changes ({len(changed.splitlines())} files, e.g. "
-                         f"{changed.splitlines()[0][3:]}): commit or stash them, so every run records a commit "
-                         "that holds its code")  # fmt: skip
+        raise StudyError(f"the working tree has uncommitted changes ({len(changed)} files, e.g. {changed[0][3:]}): "
+                         "commit or stash them, so every run records a commit that holds its code")  # fmt: skip
 
 
 def check_provenance(commits: Sequence[str], repo: Path = REPO) -> None:
@@ -97,10 +96,10 @@ def check_provenance(commits: Sequence[str], repo: Path = REPO) -> None:
                          "runs.csv and their folders) or check out their commit:\n  " + "\n  ".join(problems))  # fmt: skip
 
 
-def _preset(name: str) -> dict[str, Any]:
-    path = REPO / "configs" / "study" / f"{name}.yaml"
+def _preset(name: str, configs: Path = REPO / "configs") -> dict[str, Any]:
+    path = configs / "study" / f"{name}.yaml"
     if not path.is_file():
-        raise StudyError(f"no study preset {path.relative_to(REPO)}")
+        raise StudyError(f"no study preset {path}")
     return yaml.safe_load(path.read_text())
 
 
@@ -114,8 +113,20 @@ def sweep(params: dict[str, Any]) -> list[list[str]]:
     return [list(job) for job in itertools.product(*choices)]
 
 
-def plan(presets: Sequence[str], extra: Sequence[str] = ()) -> list[Job]:
-    """Every job of the presets (`<study>_<pipeline>`), composed."""
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def _params(preset: str, extra: Sequence[str], configs: Path) -> dict[str, Any]:
+    """The preset's sweep with the command line's overrides of its keys in place, as Hydra merges them."""
+    params = _preset(preset, configs)["hydra"]["sweeper"]["params"]
+    replaced = {_key(o): o.split("=", 1) for o in extra}
+    return {(replaced[_key(k)][0] if _key(k) in replaced else k): (replaced[_key(k)][1] if _key(k) in replaced else v)
+            for k, v in params.items()}  # fmt: skip
+
+
+def plan(presets: Sequence[str], extra: Sequence[str] = (), *, configs: Path = REPO / "configs") -> list[Job]:
+    """Every job of the presets (`<study>_<pipeline>`), composed from `configs`."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
@@ -128,15 +139,16 @@ def plan(presets: Sequence[str], extra: Sequence[str] = ()) -> list[Job]:
     jobs = []
     for preset in presets:
         pipeline = preset.rsplit("_", 1)[-1]
-        params = _preset(preset)["hydra"]["sweeper"]["params"]
+        params = _params(preset, extra, configs)
+        rest = [o for o in extra if _key(o) not in {_key(k) for k in params}]
         by_cell: dict[tuple[str, ...], list[int]] = defaultdict(list)
         for job in sweep(params):
             seeds = [o for o in job if o.startswith("seed=")]
             by_cell[tuple(o for o in job if not o.startswith("seed="))] += [int(s.split("=", 1)[1]) for s in seeds]
         GlobalHydra.instance().clear()
-        with initialize_config_dir(str(REPO / "configs"), version_base=None):
+        with initialize_config_dir(str(configs), version_base=None):
             for overrides, seeds in by_cell.items():
-                config = compose(PIPELINES[pipeline], [f"+study={preset}", *overrides, *extra], return_hydra_config=True)
+                config = compose(PIPELINES[pipeline], [f"+study={preset}", *overrides, *rest], return_hydra_config=True)
                 HydraConfig.instance().set_config(config)
                 for seed in seeds:
                     with open_dict(config):
@@ -185,13 +197,13 @@ def stale(jobs: Sequence[Job], frame: pd.DataFrame, folders: dict[str, Path]) ->
     return lines
 
 
-def multiruns(jobs: Sequence[Job]) -> list[tuple[str, list[str]]]:
+def multiruns(jobs: Sequence[Job], extra: Sequence[str] = ()) -> list[tuple[str, list[str]]]:
     """(preset, overrides) of the multiruns that run exactly `jobs`: a preset's whole sweep where
     all of its jobs are asked for, else one multirun per job cell with its seeds."""
     commands = []
     for preset, group in itertools.groupby(sorted(jobs, key=lambda j: j.preset), key=lambda j: j.preset):
         group = list(group)
-        if len(group) == len(sweep(_preset(preset)["hydra"]["sweeper"]["params"])):
+        if len(group) == len(sweep(_params(preset, extra, REPO / "configs"))):
             commands.append((preset, []))
             continue
         cells: dict[tuple[str, ...], list[int]] = defaultdict(list)
@@ -202,7 +214,10 @@ def multiruns(jobs: Sequence[Job]) -> list[tuple[str, list[str]]]:
 
 
 def command(preset: str, overrides: Sequence[str], extra: Sequence[str] = ()) -> list[str]:
-    return ["python", f"{PIPELINES[preset.rsplit('_', 1)[-1]]}.py", "-m", f"+study={preset}", *overrides, *extra]
+    """The multirun's command line; an extra override of a key the job overrides gives way to the job's."""
+    mine = {_key(o) for o in overrides}
+    rest = [o for o in extra if _key(o) not in mine]
+    return ["python", f"{PIPELINES[preset.rsplit('_', 1)[-1]]}.py", "-m", f"+study={preset}", *overrides, *rest]
 
 
 def launch(commands: Sequence[tuple[str, list[str]]], extra: Sequence[str] = ()) -> int:
@@ -238,9 +253,17 @@ and the figures are written from it by `python scripts/study_report.py results/{
 """
 
 
-def run_study(study: str, *, extra: Sequence[str] = (), report_only: bool = False, out: Path | None = None) -> int:
+def presets_of(study: str, pipelines: Sequence[str] = tuple(PIPELINES)) -> list[str]:
+    presets = [f"{study}_{p}" for p in pipelines if (REPO / "configs" / "study" / f"{study}_{p}.yaml").is_file()]
+    if not presets:
+        raise StudyError(f"no preset configs/study/{study}_<pipeline>.yaml for {', '.join(pipelines)}")
+    return presets
+
+
+def run_study(study: str, *, extra: Sequence[str] = (), report_only: bool = False, out: Path | None = None,
+              pipelines: Sequence[str] = tuple(PIPELINES)) -> int:  # fmt: skip
     """Plan, check, launch what is missing, report. 0 when every planned run finished."""
-    presets = [f"{study}_{p}" for p in PIPELINES if (REPO / "configs" / "study" / f"{study}_{p}.yaml").is_file()]
+    presets = presets_of(study, pipelines)
     out = out or REPO / "results" / study
     jobs = plan(presets, extra)
     record = out / "runs.csv"
@@ -257,7 +280,7 @@ def run_study(study: str, *, extra: Sequence[str] = (), report_only: bool = Fals
     print(f"{len(todo)} of {len(jobs)} runs to do", flush=True)
     status = 0
     if todo and not report_only:
-        status = launch(multiruns(todo), extra)
+        status = launch(multiruns(todo, extra), extra)
         frame, folders = runs_of(jobs, record)
     if frame.empty:
         raise NoRunsError("no run of the study has finished")
@@ -270,10 +293,10 @@ def run_study(study: str, *, extra: Sequence[str] = (), report_only: bool = Fals
     return status or int(missing > 0)
 
 
-def check_results(study: str, *, extra: Sequence[str] = ()) -> int:
+def check_results(study: str, *, extra: Sequence[str] = (), pipelines: Sequence[str] = tuple(PIPELINES)) -> int:
     """Rerun CHECKED's seed-0 job of each pipeline into a scratch folder and compare every number
     with the record; 0 when all are within TOLERANCE."""
-    presets = [f"{study}_{p}" for p in PIPELINES if (REPO / "configs" / "study" / f"{study}_{p}.yaml").is_file()]
+    presets = presets_of(study, pipelines)
     record = read_record([REPO / "results" / study / "runs.csv"])
     worst = 0
     for job in plan(presets, extra):

@@ -22,14 +22,16 @@ if __name__ == "__main__":
     parser.add_argument("--demo", action="store_true", help="the demo (configs/study/demo_*.yaml) into results/demo")
     parser.add_argument("--report-only", action="store_true", help="run nothing; report the runs done")
     parser.add_argument("--check", action="store_true", help="rerun seed 0 of one cell per pipeline, compare with runs.csv")
+    parser.add_argument("--pipeline", choices=["vit", "gpt2"], action="append", help="only this pipeline's half (repeatable)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every multirun, e.g. hydra/launcher=slurm")
     args = parser.parse_args()
     study = "demo" if args.demo else "embedded"
+    pipelines = args.pipeline or ["vit", "gpt2"]
     try:
         if args.check:
-            sys.exit(check_results(study, extra=args.overrides))
+            sys.exit(check_results(study, extra=args.overrides, pipelines=pipelines))
         if not args.report_only:
             check_clean()
-        sys.exit(run_study(study, extra=args.overrides, report_only=args.report_only))
+        sys.exit(run_study(study, extra=args.overrides, report_only=args.report_only, pipelines=pipelines))
     except (StudyError, NoRunsError) as error:
         sys.exit(f"error: {error}")
