@@ -97,10 +97,13 @@ def test_typos_fail_at_composition(override):
 
 @pytest.mark.parametrize("optimizer", ["horst", "ham"])
 def test_alpha_beta_defaults_are_the_sweep_picks(optimizer):
-    """configs/tuning/vit/digits_<optimizer>.yaml (results/tuning/) overrides the library values
-    in the embedded recipe only (test_every_deit_table_cell_has_a_preset: not for ImageNet)."""
-    picked = OmegaConf.load(Path(CONFIGS) / "tuning" / "vit" / f"digits_{optimizer}.yaml")
-    library = OmegaConf.load(Path(CONFIGS) / "optimizer" / f"{optimizer}.yaml")
-    assert (picked.alpha, picked.beta) != (library.alpha, library.beta)
+    """configs/tuned/vit/digits/<optimizer>.yaml (results/tuning/) holds the embedded recipe's
+    picks; the DeiT recipe keeps the published (HAM) and library (HORST) values
+    (configs/tuned/vit/deit_imagenet/). Where each value comes from: tests/test_config_precedence.py."""
+    picked = OmegaConf.load(Path(CONFIGS) / "tuned" / "vit" / "digits" / f"{optimizer}.yaml")
+    imagenet = OmegaConf.load(Path(CONFIGS) / "tuned" / "vit" / "deit_imagenet" / f"{optimizer}.yaml")
+    assert (picked.alpha, picked.beta) != (imagenet.alpha, imagenet.beta)
     cfg = _compose(f"optimizer={optimizer}")
     assert (cfg.optimizer.alpha, cfg.optimizer.beta) == (picked.alpha, picked.beta)
+    cell = _compose(f"optimizer={optimizer}", "experiment=deit_small_acdc_s80")
+    assert (cell.optimizer.alpha, cell.optimizer.beta) == (imagenet.alpha, imagenet.beta)

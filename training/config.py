@@ -15,6 +15,8 @@ from typing import Any, Iterable, List, Mapping, Optional
 
 from omegaconf import MISSING
 
+import training.resolvers  # noqa: F401  (registers the configs' resolvers, e.g. `sum`, for every entry point)
+
 
 class RunError(Exception):
     """A problem the user can fix, reported as one line (no traceback) with `exit_code`."""
@@ -41,6 +43,7 @@ class RunConfig:
 
     model: Any = MISSING  # configs/model/*.yaml, typed by the pipeline's model schema
     optimizer: Any = MISSING  # configs/optimizer/*.yaml: `_target_` + `_partial_`, checked by the class itself
+    tuned: Any = MISSING  # configs/tuned/<pipeline>/<recipe>.yaml: every optimizer's values under the recipe
     logging: LoggingConfig = MISSING
     seed: int = MISSING
     device: str = MISSING  # auto | cpu | cuda

@@ -1,0 +1,173 @@
+"""Where every optimizer and schedule value of a run comes from (docs/design.md, "Configuration").
+
+A distinct sentinel is written into every value of a copy of `configs/optimizer/` and of the
+tuned files (`configs/tuned/<pipeline>/<recipe>/<optimizer>.yaml`); every (pipeline, recipe,
+optimizer) and every experiment is composed from the copy. Each composed value must be the
+sentinel of the file `owner` names (the table of docs/design.md), and every sentinel must reach
+some run: a value that can never win is dead and has no place in a YAML.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from training.gpt2.config import register_configs as register_gpt2
+from training.vit.config import register_configs as register_vit
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+register_vit()
+register_gpt2()
+
+# pipeline: (primary config, recipe group, the train.* keys each optimizer's tuned file feeds)
+PIPELINES = {
+    "vit": ("train_vit", "vit_recipe", ("base_lr", "warmup_epochs")),
+    "gpt2": ("train_gpt2", "gpt2_recipe", ("lr", "warmup_steps")),
+}
+TUNED_OPTIMIZERS = ("adamw", "ham", "horst")  # the optimizers each recipe's tuned node has a file for
+RECIPE_DEPENDENT = ("weight_decay", "betas", "alpha", "beta")  # their optimizer.* keys that differ by recipe
+IDENTITY = ("_target_", "_partial_", "name")  # what an optimizer is, not a value
+OPTIMIZERS = sorted(p.stem for p in (CONFIGS / "optimizer").glob("*.yaml"))
+
+
+def recipes(pipeline: str) -> list[str]:
+    return sorted(p.stem for p in (CONFIGS / PIPELINES[pipeline][1]).glob("*.yaml"))
+
+
+def experiments() -> dict[str, tuple[str, str]]:
+    """experiment: (pipeline, the recipe it selects)."""
+    found = {}
+    for path in sorted((CONFIGS / "experiment").glob("*.yaml")):
+        defaults = yaml.safe_load(path.read_text())["defaults"]
+        for pipeline, (_, group, _) in PIPELINES.items():
+            for entry in defaults:
+                if isinstance(entry, dict) and f"override /{group}" in entry:
+                    found[path.stem] = (pipeline, entry[f"override /{group}"])
+    return found
+
+
+def owner(pipeline: str, recipe: str, optimizer: str, key: str) -> str:
+    """The file (under configs/) whose value `key` takes in a run: docs/design.md's table."""
+    section, leaf = key.split(".", 1)
+    if section == "train":  # lr and warm-up: the optimizer's tuned file; untuned optimizers run at AdamW's
+        arm = optimizer if optimizer in TUNED_OPTIMIZERS else "adamw"
+        return f"tuned/{pipeline}/{recipe}/{arm}.yaml"
+    if optimizer in TUNED_OPTIMIZERS and leaf in RECIPE_DEPENDENT:
+        return f"tuned/{pipeline}/{recipe}/{optimizer}.yaml"
+    return f"optimizer/{optimizer}.yaml"
+
+
+def _sentinel(value, number: int):
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return 1000 + number
+    if isinstance(value, float):
+        return 1000.5 + number
+    if isinstance(value, list):
+        return [1000.25 + number, 1000.75 + number]
+    return f"sentinel{number}"
+
+
+@pytest.fixture(scope="module")
+def sentinels(tmp_path_factory) -> tuple[Path, dict[tuple[str, str], object]]:
+    """A copy of configs/ with a distinct sentinel in every value of the optimizer and tuned
+    files, and {(file, key): sentinel}."""
+    root = tmp_path_factory.mktemp("configs") / "configs"
+    shutil.copytree(CONFIGS, root)
+    planted, numbers = {}, itertools.count()
+    files = sorted(root.glob("optimizer/*.yaml")) + sorted(root.glob("tuned/*/*/*.yaml"))
+    for path in files:
+        node = yaml.safe_load(path.read_text())
+        for key, value in node.items():
+            if key in IDENTITY or key == "provenance" or (isinstance(value, str) and "${" in value):
+                continue  # identity, the record of a tuning, or a wire to the tuned node
+            node[key] = planted[(str(path.relative_to(root)), key)] = _sentinel(value, next(numbers))
+        path.write_text(yaml.safe_dump(node))
+    return root, planted
+
+
+def cases():
+    """Every (pipeline, recipe, optimizer); every experiment, the optimizers taking turns (a
+    composition costs ~0.2-0.5 s here)."""
+    for pipeline, optimizer in itertools.product(PIPELINES, OPTIMIZERS):
+        for recipe in recipes(pipeline):
+            yield pipeline, recipe, optimizer, [f"{PIPELINES[pipeline][1]}={recipe}"]
+    for (experiment, (pipeline, recipe)), optimizer in zip(experiments().items(), itertools.cycle(OPTIMIZERS)):
+        yield pipeline, recipe, optimizer, [f"experiment={experiment}"]
+
+
+def _compose(config_dir: Path, pipeline: str, overrides: list[str]):
+    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+        return compose(PIPELINES[pipeline][0], overrides=overrides)
+
+
+# On the command line the resolver's commas need quotes around the value (Hydra's grammar).
+CONTROL_DECAY = "optimizer.weight_decay='${sum:${tuned.horst.weight_decay},${tuned.horst.beta}}'"
+
+
+def test_every_value_comes_from_its_owner_and_none_is_dead(sentinels):
+    root, planted = sentinels
+    reached = set()
+    for pipeline, recipe, optimizer, overrides in cases():
+        cfg = _compose(root, pipeline, [f"optimizer={optimizer}", *overrides])
+        values = {f"optimizer.{k}": v for k, v in OmegaConf.to_container(cfg.optimizer, resolve=True).items()}
+        values.update({f"train.{k}": cfg.train[k] for k in PIPELINES[pipeline][2]})
+        for key, value in values.items():
+            if key.split(".")[1] in IDENTITY:
+                continue
+            source = (owner(pipeline, recipe, optimizer, key), key.split(".")[1])
+            assert source in planted, f"{pipeline} {overrides} optimizer={optimizer}: {key} has no owner in the table"
+            assert value == planted[source], f"{pipeline} {overrides} optimizer={optimizer}: {key} is not {source[0]}'s"
+            reached.add(source)
+    dead = sorted(set(planted) - reached)
+    assert not dead, f"values no run composes (remove them): {dead}"
+
+
+def test_the_tables_cases_cover_every_recipe_and_experiment():
+    assert set(experiments()) == {p.stem for p in (CONFIGS / "experiment").glob("*.yaml")}
+    for pipeline in PIPELINES:
+        for recipe in recipes(pipeline):
+            assert sorted(p.stem for p in (CONFIGS / "tuned" / pipeline / recipe).glob("*.yaml")) == list(TUNED_OPTIMIZERS)
+
+
+def test_no_defaults_list_builds_a_name_from_other_choices():
+    """A config file chosen by an interpolation (`${recipe}_${optimizer}`) is invisible in the
+    tree and, if optional, silently skipped: every defaults entry names its file."""
+    for path in CONFIGS.rglob("*.yaml"):
+        for entry in (yaml.safe_load(path.read_text()) or {}).get("defaults", []):
+            assert "${" not in str(entry), f"{path.relative_to(CONFIGS)}: {entry}"
+            assert not str(entry).startswith("{'optional"), f"{path.relative_to(CONFIGS)}: {entry}"
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_a_control_interpolates_the_arm_it_controls(sentinels, pipeline):
+    """AdamW with HORST's total decay (weight decay + beta) follows HORST's tuned file, whatever
+    its values: written with the `sum` resolver, never copied."""
+    root, planted = sentinels
+    lr = PIPELINES[pipeline][2][0]
+    for recipe in recipes(pipeline):
+        cfg = _compose(root, pipeline, [
+            f"{PIPELINES[pipeline][1]}={recipe}", "optimizer=adamw",
+            CONTROL_DECAY,
+            f"train.{lr}=${{tuned.horst.{lr}}}",
+        ])  # fmt: skip
+        horst = f"tuned/{pipeline}/{recipe}/horst.yaml"
+        assert cfg.optimizer.name == "adamw"
+        assert cfg.optimizer.weight_decay == planted[(horst, "weight_decay")] + planted[(horst, "beta")]
+        assert cfg.train[lr] == planted[(horst, lr)]
+
+
+def test_the_command_line_and_the_tuned_node_override_as_documented():
+    """Later wins: the command line over the tuned file; `tuned.horst.alpha=` reaches HORST
+    through its interpolation, and changes nothing for another optimizer."""
+    assert _compose(CONFIGS, "vit", ["optimizer.alpha=5.0"]).optimizer.alpha == 5.0
+    assert _compose(CONFIGS, "vit", ["tuned.horst.alpha=7.0"]).optimizer.alpha == 7.0
+    ham = _compose(CONFIGS, "gpt2", ["optimizer=ham", "tuned.horst.alpha=7.0"])
+    assert ham.optimizer.alpha == ham.tuned.ham.alpha != 7.0
