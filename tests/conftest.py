@@ -38,9 +38,15 @@ def compose_job(config_name: str, overrides: list[str]) -> dict:
 
 
 @pytest.fixture(scope="session")
+def compose():
+    """compose(config_name, overrides) -> the job config a run would record."""
+    return compose_job
+
+
+@pytest.fixture(scope="session")
 def job_configs() -> dict[str, dict]:
     """Composed configs of both pipelines' arms, by (pipeline, arm)."""
-    arms = ("adamw", "ham", "horst", "horst_prunable")
+    arms = ("adamw", "ham", "horst", "horst_prunable", "adamw_decay")
     return {(p, a): compose_job(f"train_{p}", [f"+arm={a}"]) for p in ("vit", "gpt2") for a in arms}
 
 

@@ -35,6 +35,17 @@ def test_the_demo_is_every_arm_x_sparsity_x_seed_with_its_label(demo_jobs):
     assert len({j.signature for j in vit}) == 3  # a cell is an arm: sparsity and seed tell its runs apart
 
 
+def test_the_control_decays_as_hard_as_the_horst_it_controls(job_configs, compose):
+    """adamw_decay's weight decay is HORST's decay + beta as tuned for that pipeline, interpolated:
+    retuning HORST's beta moves the control with it (no copied number)."""
+    for pipeline in ("vit", "gpt2"):
+        control, horst = job_configs[(pipeline, "adamw_decay")], job_configs[(pipeline, "horst")]["optimizer"]
+        assert control["optimizer"]["weight_decay"] == pytest.approx(horst["weight_decay"] + horst["beta"])
+        assert control["optimizer"]["name"] == "adamw" and control["arm"] == "adamw_decay"
+    moved = compose("train_vit", ["+arm=adamw_decay", "tuned.horst.beta=0.5"])
+    assert moved["optimizer"]["weight_decay"] == pytest.approx(job_configs[("vit", "horst")]["optimizer"]["weight_decay"] + 0.5)
+
+
 def test_multiruns_are_the_whole_sweep_or_the_missing_cells(demo_jobs):
     assert study.multiruns(demo_jobs) == [("demo_gpt2", []), ("demo_vit", [])]
     missing = [j for j in demo_jobs if j.pipeline == "vit" and "+arm=ham" in j.overrides][:2]
