@@ -304,9 +304,9 @@ def check_results(study: str, *, extra: Sequence[str] = (), pipelines: Sequence[
         if job.seed != 0 or f"+arm={want['arm']}" not in job.overrides or (
                 "sparsity" in want and f"acdc.sparsity={want['sparsity']}" not in job.overrides):  # fmt: skip
             continue
-        before = record[record.run == job.run]
+        before = record[(record.run == job.run) & (record.signature == job.signature)]
         if before.empty:
-            print(f"{job.run}: not in the record; nothing to compare")
+            print(f"{job.run}: not in the record as a run of this job's config; nothing to compare")
             worst = 1
             continue
         with tempfile.TemporaryDirectory(prefix="check-results-") as scratch:

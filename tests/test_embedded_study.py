@@ -143,6 +143,9 @@ def test_a_tiny_study_runs_resumes_from_its_record_and_refuses_stale_runs(tmp_pa
     assert set(frame.run) == {"outputs/demo/vit/adamw/s0.9/seed0", "outputs/demo/vit/horst/s0.9/seed0"}
     assert set(frame.eval_split) == {"test"} and not frame.git_commit.str.endswith("-dirty").any()
     written = record.read_text()
+    checked = study_cli("--check")  # make check-results: horst at 90 %, seed 0, rerun into a scratch folder
+    assert checked.returncode == 0, checked.stdout + checked.stderr[-2000:]
+    assert "outputs/demo/vit/horst/s0.9/seed0 top1 acdc unstructured 0.9: committed" in checked.stdout
 
     shutil.rmtree(clone / "outputs")  # run folders need not outlive the machine: the record is the record
     again = study_cli()
