@@ -44,7 +44,7 @@ def per_seed(frame: pd.DataFrame, pipeline: str, metric: str, method: str, patte
     return rows.pivot_table(index="seed", columns=["arm", "sparsity"], values="value", aggfunc="first", dropna=False)
 
 
-def _gains(table: pd.DataFrame, first: str, second: str, sparsity: float, *, log: bool) -> pd.Series:
+def paired_gains(table: pd.DataFrame, first: str, second: str, sparsity: float, *, log: bool) -> pd.Series:
     """Per-seed first - second (log ratio) at `sparsity`; only seeds with both finite."""
     if (first, sparsity) not in table or (second, sparsity) not in table:
         return pd.Series(dtype=float)
@@ -66,14 +66,14 @@ def _endpoints(rules: dict[str, Any], claim: dict[str, Any], frame: pd.DataFrame
                     unit=metric["unit"], decimals=metric["decimals"], ratio=log, sign=sign)  # fmt: skip
         if "at" in spec:
             for s in spec["at"]:
-                gains = _gains(table, spec["first"], spec["second"], float(s), log=log)
+                gains = paired_gains(table, spec["first"], spec["second"], float(s), log=log)
                 rows.append({**base, "endpoint": f"{named}{spec['first']}{operator}{spec['second']} at {pct(s)}",
                              "gains": gains})  # fmt: skip
         else:
             start, ends = spec["change"]["from"], spec["change"]["to"]
             ends = ends if isinstance(ends, list) else [ends]
-            before = _gains(table, spec["first"], spec["second"], float(start), log=log)
-            candidates = {e: _gains(table, spec["first"], spec["second"], float(e), log=log) for e in ends}
+            before = paired_gains(table, spec["first"], spec["second"], float(start), log=log)
+            candidates = {e: paired_gains(table, spec["first"], spec["second"], float(e), log=log) for e in ends}
             candidates = {e: g for e, g in candidates.items() if len(g)}
             end = max(candidates, key=lambda e: sign * candidates[e].mean()) if candidates else ends[-1]
             after = candidates.get(end, pd.Series(dtype=float))

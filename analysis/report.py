@@ -49,7 +49,7 @@ def comparisons(frame: pd.DataFrame, rules: dict[str, Any]) -> pd.DataFrame:
             table = claims.per_seed(part, pipeline, metric, method, pattern)
             for first, second in pairs:
                 for sparsity in sorted(part.sparsity.unique()):
-                    gains = claims._gains(table, first, second, sparsity, log=spec["scale"] == "ratio")
+                    gains = claims.paired_gains(table, first, second, sparsity, log=spec["scale"] == "ratio")
                     if gains.empty:
                         continue
                     i = paired_interval(gains.to_numpy(), rules["confidence"])
