@@ -30,19 +30,18 @@ def _pyplot():
 def _density_axis(ax, sparsities: list[float]) -> None:
     from matplotlib.ticker import FixedLocator, NullLocator
 
-    ax.set_xscale("log")
-    ax.invert_xaxis()  # sparsity grows to the right
     densities = [1 - s for s in sparsities]
+    ax.set_xlim(max(densities) * 1.25, min(densities) / 1.25)  # reversed: sparsity grows to the right
+    ax.set_xscale("log")
     ax.xaxis.set_major_locator(FixedLocator(densities))
     ax.xaxis.set_minor_locator(NullLocator())
     ax.xaxis.set_major_formatter(lambda d, _: pct(round(1 - d, 6)))
-    ax.set_xlim(max(densities) * 1.25, min(densities) / 1.25)
     ax.set_xlabel("sparsity (log scale of the density 1 − s)")
 
 
 def _plain_log_axis(ax, values: pd.Series) -> None:
     """A log y axis labelled with plain numbers (30, 40, 60, ...), not 10^2 alone."""
-    from matplotlib.ticker import FixedLocator, NullLocator
+    from matplotlib.ticker import FixedLocator, MaxNLocator, NullLocator
 
     finite = values[np.isfinite(values)]
     low, high = finite.min() / 1.05, finite.max() * 1.05
@@ -52,7 +51,8 @@ def _plain_log_axis(ax, values: pd.Series) -> None:
         inside = [t for t in ticks if low <= t <= high]
         if len(inside) >= 4:
             break
-    ax.yaxis.set_major_locator(FixedLocator(inside))
+    # a range narrower than 1-8 steps (tiny runs, one optimizer): evenly spaced round numbers
+    ax.yaxis.set_major_locator(FixedLocator(inside) if len(inside) >= 3 else MaxNLocator(5))
     ax.yaxis.set_minor_locator(NullLocator())
     ax.yaxis.set_major_formatter(lambda v, _: f"{v:g}")
     ax.set_ylim(low, high)

@@ -160,3 +160,49 @@ def test_study_report_on_the_command_line(tmp_path):
                             "--split", "validation"], cwd=ROOT, capture_output=True, text=True)  # fmt: skip
     assert wrong.returncode == 1 and wrong.stderr.strip() == (
         "error: no run measured on the validation split (the runs have eval_split test); pass --split to report those")
+
+
+@pytest.mark.slow  # ~2 min: a tiny ViT and a tiny GPT-2 run of the real pipelines
+def test_real_run_folders_through_the_whole_report(tmp_path, monkeypatch, compose):
+    """The real summary.json, config.yaml, metrics.jsonl and weight_histogram.json: every number of
+    both pipelines in the frame (Wanda and 2:4 beside magnitude, claim 3's weight numbers), the
+    record round trip, and all three figures."""
+    import torch
+
+    from omegaconf import OmegaConf
+
+    from training.gpt2.data import prepare_pydoc
+    from training.gpt2.run import run as run_gpt2
+    from training.vit.run import run as run_vit
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        vit = compose("train_vit", ["+arm=adamw", "device=cpu", "eval_split=test", "train.epochs=5", "train.warmup_epochs=1",
+                                    "train.batch_size=256", "acdc.dense_warmup=1", "acdc.compressed=1", "acdc.decompressed=1",
+                                    "acdc.final_decompressed=1", "acdc.final_compressed=2"])  # fmt: skip
+        run_vit(OmegaConf.create(vit), run_dir=tmp_path / "runs" / "vit")
+        prepare_pydoc(tmp_path / "pydoc")
+        gpt2 = compose("train_gpt2", [
+            "+arm=horst", "model=gpt2_nano", f"data.dir={tmp_path / 'pydoc'}", "device=cpu", "eval_split=test",
+            "train.max_steps=4", "train.warmup_steps=1", "train.batch_size=2", "train.micro_batch_size=2",
+            "train.eval_interval=4", "train.eval_windows=4", "eval.max_windows=8", "prune.sparsities=[0.0,0.5,0.9]",
+            "prune.methods=[magnitude,wanda]", 'prune.patterns=[unstructured,"2:4"]', "prune.calibration_windows=4"])  # fmt: skip
+        run_gpt2(OmegaConf.create(gpt2), run_dir=tmp_path / "runs" / "gpt2")
+    finally:
+        torch.set_num_threads(threads)
+    found = runs.read_runs([tmp_path / "runs"])
+    frame = found.frame
+    assert set(frame.eval_split) == {"test"} and set(frame.arm) == {"adamw", "horst"}
+    methods = set(map(tuple, frame[frame.pipeline == "gpt2"][["method", "pattern"]].drop_duplicates().to_numpy()))
+    assert methods == {("none", "dense"), ("magnitude", "unstructured"), ("wanda", "unstructured"), ("magnitude", "2:4"),
+                       ("wanda", "2:4")}  # fmt: skip
+    assert {"weights_median_log10", "weights_below_1e-3"} <= set(frame.metric)
+    report.write_report(frame, tmp_path / "out", folders=found.folders)
+    table = (tmp_path / "out" / "tables.md").read_text()
+    assert "wanda 2:4" in table and "magnitude 2:4" in table and "| 90 % |" in table
+    for figure in ("accuracy_vs_sparsity.png", "perplexity_vs_sparsity.png", "weight_distribution.png"):
+        assert (tmp_path / "out" / figure).read_bytes().startswith(b"\x89PNG")
+    runs.write_record(frame, tmp_path / "runs.csv")
+    assert len(runs.read_record([tmp_path / "runs.csv"])) == len(frame)
