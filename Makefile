@@ -18,7 +18,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,pipelines]'
 	touch $(STAMP)
 
 # The demo: configs/study/demo_*.yaml, one seed of AdamW, HAM and HORST (<= 15 min on 2 cores): results/demo/
@@ -49,9 +49,21 @@ bench: $(STAMP)
 	$(PY) bench/pruning.py | tee results/bench/pruning.txt
 	$(PY) bench/train_step.py --threads 1 | tee results/bench/train_step.txt
 
-# On a GPU machine: every CUDA path once (<= 8 min), report in results/bench/gpu.md
+# On a GPU machine (~10 min on one H200): the CUDA tests (pytest -m gpu) and the benchmarks on
+# the GPU, one report: results/bench/gpu.md, printed at the end (the exit status is pytest's)
+GPU_REPORT := results/bench/gpu.md
 gpu-check: $(STAMP)
-	$(PY) bench/gpu_check.py
+	{ echo "# make gpu-check, $$(date -u +%Y-%m-%dT%H:%MZ), commit $$(git describe --always --dirty 2>/dev/null)"; \
+	  echo; echo '```'; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; \
+	  $(PY) -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda)'; echo '```'; \
+	  echo; echo "## pytest -m gpu"; echo; echo '```'; } > $(GPU_REPORT)
+	$(PY) -m pytest -m gpu -rA -q -p no:cacheprovider tests >> $(GPU_REPORT) 2>&1; \
+	status=$$?; \
+	{ echo '```'; echo; echo "## bench/optimizer_step.py --device cuda"; echo; echo '```'; } >> $(GPU_REPORT); \
+	$(PY) bench/optimizer_step.py --device cuda >> $(GPU_REPORT) 2>&1; \
+	{ echo '```'; echo; echo "## bench/train_step.py --device cuda (GPT-2 Small, bf16 autocast)"; echo; } >> $(GPU_REPORT); \
+	$(PY) bench/train_step.py --device cuda --layers 12 --width 768 --context 1024 --batch 16 >> $(GPU_REPORT) 2>&1; \
+	cat $(GPU_REPORT); exit $$status
 
 clean:
 	rm -rf $(VENV) outputs multirun .pytest_cache

@@ -1,11 +1,13 @@
 """Time one GPT-2 training step (forward, backward, clip, optimizer step) with AdamW, HAM, HORST.
 
     python bench/train_step.py | tee results/bench/train_step.txt
+    python bench/train_step.py --device cuda --layers 12 --width 768 --context 1024 --batch 16
 
 All three run in one process on identical copies of a small GPT-2, built and stepped exactly
-as `train_gpt2.py` does (fused AdamW; HAM/HORST on their default fast path), and are timed
-round-robin so that load from other processes hits them alike. The table gives the median
-seconds per step and the ratio to AdamW (target: <= 1.05 for HAM and HORST).
+as `train_gpt2.py` does (fused AdamW; HAM/HORST on their default fast path; on CUDA bf16
+autocast with fp32 weights, as its precision `auto`), and are timed round-robin so that load
+from other processes hits them alike. The table gives the median seconds per step and the
+ratio to AdamW (target: <= 1.05 for HAM and HORST).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 import pruning
+from training.env import autocast, autocast_dtype
 from training.gpt2.model import build_model
 from training.optim import build_optimizer
 
@@ -54,7 +57,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per optimizer (compilation)")
     parser.add_argument("--rounds", type=int, default=15, help="timed steps per optimizer")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
+    device = torch.device(args.device)
+    dtype = autocast_dtype("auto", device)
     if args.threads:
         torch.set_num_threads(args.threads)
     load_before = os.getloadavg()[0]
@@ -64,22 +70,27 @@ def main() -> None:
         dict(name="bench", n_layer=args.layers, n_head=max(1, args.width // 32), n_embd=args.width, n_positions=args.context,
              dropout=0.0, tie_word_embeddings=True)
     )  # fmt: skip
-    reference = build_model(model_cfg)
+    reference = build_model(model_cfg).to(device)
     runs = {}
     for name in OPTIMIZERS:
         model = copy.deepcopy(reference)
         prunable = pruning.prunable_parameters(model, "gpt2")
         runs[name] = (model, build_optimizer(optimizer_config(name), model, lr=1e-3, prunable_names=prunable.keys()))
-    x = torch.randint(0, 50257, (args.batch, args.context + 1))
+    x = torch.randint(0, 50257, (args.batch, args.context + 1), device=device)
 
     def step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         start = time.perf_counter()
-        logits = model(x[:, :-1]).logits
+        with autocast(device, dtype):
+            logits = model(x[:, :-1]).logits
         loss = F.cross_entropy(logits.float().flatten(0, 1), x[:, 1:].flatten())
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         return time.perf_counter() - start
 
     for name, (model, optimizer) in runs.items():
@@ -94,6 +105,8 @@ def main() -> None:
     print(f"# command: python {' '.join(sys.argv)}")
     print(f"# date: {datetime.datetime.now().isoformat(timespec='seconds')}")
     print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs ({platform.machine()})")
+    if device.type == "cuda":
+        print(f"# device {torch.cuda.get_device_name(device)}, autocast {dtype}")
     print(f"# 1-minute load average before / after: {load_before:.1f} / {os.getloadavg()[0]:.1f} (other processes slow every row alike)")
     print(
         f"# GPT-2 {args.layers} layers x {args.width} wide, {params / 1e6:.1f}M params, batch {args.batch} x "

@@ -5,11 +5,24 @@ Jacobs, Jain, Burkholz, "HORST: Composing Optimizer Geometries for Sparse Transf
 Training", arXiv 2605.21104; Jacobs et al., "HAM", ICLR 2026, arXiv 2506.02630.
 Depends on torch only. One file per steepest-descent base (``adamw``, ``lion``, ``sgd``) over
 the shared base class (``optimizer.MirrorOptimizer``) and functional core (``functional``).
+Where timm is used, ``timm.optim.create_optimizer_v2(model, opt="horst")`` (``"ham"``,
+``"horstlion"``, ``"horstsgd"``) builds them once ``horst`` is imported (``horst.timm``).
 """
 
+from horst._after_import import call_after_import
 from horst.adamw import HAM, HORST
 from horst.lion import HORSTLion
 from horst.optimizer import MirrorOptimizer
 from horst.sgd import HORSTSGD
 
 __all__ = ["HAM", "HORST", "HORSTLion", "HORSTSGD", "MirrorOptimizer"]
+
+
+def _register_with_timm() -> None:
+    """registering the optimizers with timm (horst.timm)"""
+    from horst.timm import register
+
+    register()
+
+
+call_after_import("timm.optim", _register_with_timm)

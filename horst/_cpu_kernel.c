@@ -85,11 +85,15 @@ typedef struct {
     float lion_up, lion_down, lion_still; /* Lion's three mirror factors, see update() */
 } Scalars;
 
-/* always inlined with constant base and mode, so that each loop is specialised */
-static inline __attribute__((always_inline)) void update(
+/* always inlined with constant base and mode, so that each loop is specialised; returns the
+ * sum of the squares of the new weights (HAM's norm cap), in double, in the same pass (the
+ * simd reduction lets gcc vectorise it; memory-bound, it costs next to nothing) */
+static inline __attribute__((always_inline)) double update(
     float *restrict param, const float *restrict grad, float *restrict state1, float *restrict state2,
     int64_t begin, int64_t end, const Scalars *k, const int base, const int mode) {
     const Scalars s = *k;
+    double sum_of_squares = 0.0;
+    #pragma omp simd reduction(+:sum_of_squares)
     for (int64_t i = begin; i < end; i++) {
         const float theta = param[i];
         float g = s.grad_scale * grad[i];
@@ -127,22 +131,26 @@ static inline __attribute__((always_inline)) void update(
         if (mode == MS_GRADIENT_GUARDED)
             result = fabsf(result) <= 3.402823466e38f ? result : theta; /* false for NaN and inf */
         param[i] = result;
+        sum_of_squares += (double)result * (double)result;
     }
+    return sum_of_squares;
 }
 
 #define CASE(B, M) \
-    case (B) * N_MODES + (M): update(p, g, s1, s2, begin, end, &k, B, M); break;
+    case (B) * N_MODES + (M): sum_of_squares = update(p, g, s1, s2, begin, end, &k, B, M); break;
 #define CASES(B) CASE(B, NO_MIRROR) CASE(B, MS_UPDATE) CASE(B, SM) CASE(B, MS_GRADIENT) CASE(B, MS_GRADIENT_GUARDED)
 
 /* One step over the n_tensors tensors of one batch (same scalars), in blocks of `block`
  * elements shared out over num_threads OpenMP threads in one parallel region (one region per
  * tensor costs a thread wake-up per tensor, about 2 % of a GPT-2 step). block_starts[t] is the
  * index of tensor t's first block, block_starts[n_tensors] the total. states1/states2 hold the
- * base's state tensors (NULL where it has fewer). Returns 0, or -1 for an unknown base or mode. */
+ * base's state tensors (NULL where it has fewer). block_sums_of_squares (NULL if not wanted)
+ * receives each block's sum of the squares of its new weights. Returns 0, or -1 for an unknown
+ * base or mode. */
 int horst_mirror_step_f32(int64_t n_tensors, float *const *params, const float *const *grads,
                           float *const *states1, float *const *states2, const int64_t *numels, int64_t block,
                           const int64_t *block_starts, const float *scalars, int base, int mode,
-                          int num_threads) {
+                          int num_threads, double *block_sums_of_squares) {
     if (base < 0 || base >= N_BASES || mode < 0 || mode >= N_MODES) return -1;
     const float *x = scalars;
     const float clip = x[CLIP];
@@ -169,9 +177,11 @@ int horst_mirror_step_f32(int64_t n_tensors, float *const *params, const float *
         const int64_t end = begin + block < numels[t] ? begin + block : numels[t];
         float *p = params[t], *s1 = states1[t], *s2 = states2[t];
         const float *g = grads[t];
+        double sum_of_squares = 0.0;
         switch (base * N_MODES + mode) {
             CASES(ADAMW) CASES(LION) CASES(SGD) CASES(SGD_MOMENTUM) CASES(SGD_NESTEROV)
         }
+        if (block_sums_of_squares) block_sums_of_squares[b] = sum_of_squares;
     }
     return 0;
 }

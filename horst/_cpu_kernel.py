@@ -17,10 +17,16 @@ or foreign build. A build is loaded only from a folder owned by the user and not
 group or others, only if the file is so too, and only if its content hash matches the one
 recorded next to it when it was built; otherwise it is rebuilt in a private temporary folder,
 with a one-line warning (``KernelCacheWarning``).
+
+Many processes may start at once on one cache (torchrun's ranks, a job array on a shared home):
+a POSIX lock on ``<library>.lock`` (``fcntl.lockf``, which NFS honours) lets one of them build
+while the others wait and then load its build, and a build is written to a temporary file in
+the cache folder and renamed into place, so that no process ever sees half a library.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -30,6 +36,7 @@ import stat
 import subprocess
 import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -119,10 +126,11 @@ def build() -> Path:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         problem = untrusted(folder)
         library = folder / name
-        if problem is None and not library.exists():
-            return _compile(compiler, flags, library)
         if problem is None:
-            problem = cached_build_problem(library)
+            with _exclusive(folder / f"{name}.lock"):  # one process builds, the others wait for its build
+                if not library.exists():
+                    return _compile(compiler, flags, library)
+                problem = cached_build_problem(library)
         if problem is None:
             return library
     except OSError as error:
@@ -134,13 +142,26 @@ def build() -> Path:
     return _compile(compiler, flags, _private_dir() / name)
 
 
+@contextlib.contextmanager
+def _exclusive(lock: Path) -> Iterator[None]:
+    """Holds an exclusive POSIX lock on the file ``lock`` (created if missing), waiting for it."""
+    import fcntl  # POSIX only, as is the C compiler this module calls
+
+    descriptor = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.lockf(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)  # releases the lock
+
+
 @functools.cache
 def _private_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix="horst-kernel-"))  # mode 0700, removed with the machine's /tmp
 
 
 def _compile(compiler: str, flags: list[str], library: Path) -> Path:
-    # build next to the target and rename: concurrent processes (DDP ranks) never see half a file
+    # build next to the target and rename: a process that loads the library sees all of it or none
     with tempfile.TemporaryDirectory(dir=library.parent) as tmp:
         partial = Path(tmp) / library.name
         result = subprocess.run(
@@ -164,7 +185,7 @@ def _kernel() -> ctypes.CDLL:
     function.argtypes = [
         ctypes.c_int64, pointers, pointers, pointers, pointers, ctypes.POINTER(ctypes.c_int64),
         ctypes.c_int64, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_float), ctypes.c_int, ctypes.c_int,
-        ctypes.c_int,
+        ctypes.c_int, ctypes.POINTER(ctypes.c_double),
     ]  # fmt: skip
     function.restype = ctypes.c_int
     return function
@@ -172,14 +193,23 @@ def _kernel() -> ctypes.CDLL:
 
 def supports(tensors: tuple[Tensor, ...]) -> bool:
     """Whether the kernel can update these (param, grad, *state), given that they share a dense
-    layout (``horst._fast_path.dense_layout``): the kernel walks their memory from
-    ``data_ptr()`` on, in storage order."""
-    return len(tensors) <= 4 and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
+    layout (``horst._fast_path.dense_layout``): the kernel walks ``numel()`` float32 values of
+    their memory from ``data_ptr()`` on, in storage order, so each must be a plain CPU tensor
+    (no subclass: a DTensor's ``data_ptr()`` is 0 and its ``numel()`` the global one) holding
+    memory of its own."""
+    return len(tensors) <= 4 and all(
+        type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type == "cpu" and t.dtype == torch.float32
+        and t.data_ptr() != 0
+        for t in tensors
+    )  # fmt: skip
 
 
-def mirror_step_f32_(tensors: list[tuple[Tensor, ...]], scalars: tuple[float, ...], *, base: int, mode: int) -> None:
+def mirror_step_f32_(
+    tensors: list[tuple[Tensor, ...]], scalars: tuple[float, ...], *, base: int, mode: int, sums_of_squares: bool = False
+) -> list[float] | None:
     """One step over ``(param, grad, *state)`` tuples of dense float32 CPU tensors (``supports``),
-    one call. ``scalars`` in ``horst.functional.SCALARS`` order."""
+    one call. ``scalars`` in ``horst.functional.SCALARS`` order. With ``sums_of_squares``, returns
+    each new parameter's sum of squares (computed in double in the same pass)."""
     count = len(tensors)
     columns = list(zip(*tensors))
     columns += [()] * (4 - len(columns))  # bases with fewer state tensors: NULL pointers
@@ -191,9 +221,13 @@ def mirror_step_f32_(tensors: list[tuple[Tensor, ...]], scalars: tuple[float, ..
     block_starts = [0]
     for size in sizes:  # empty tensors take no block
         block_starts.append(block_starts[-1] + -(-size // BLOCK))
+    block_sums = (ctypes.c_double * block_starts[-1])() if sums_of_squares else None
     status = _kernel()(
         count, *arrays, (ctypes.c_int64 * count)(*sizes), BLOCK, (ctypes.c_int64 * (count + 1))(*block_starts),
-        (ctypes.c_float * len(scalars))(*scalars), base, mode, torch.get_num_threads(),
+        (ctypes.c_float * len(scalars))(*scalars), base, mode, torch.get_num_threads(), block_sums,
     )  # fmt: skip
     if status != 0:
         raise ValueError(f"C kernel: unknown base {base} or mode {mode}")
+    if block_sums is None:
+        return None
+    return [sum(block_sums[start:end]) for start, end in zip(block_starts, block_starts[1:])]

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from horst import _cpu_kernel
-from horst.functional import Descend, Scalars, mirror_step_, pack
+from horst.functional import Descend, Scalars, compute_dtype, mirror_step_, pack
 
 _failed: set[str] = set()  # fast paths that failed once in this process
 
@@ -70,10 +70,17 @@ def _compiled_kernel():
     return call
 
 
+PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
 def dense_layout(tensors: Sequence[Tensor]) -> bool:
-    """Whether the tensors share one dense memory layout: contiguous, channels_last or any
-    other permutation of the dimensions. Only those take a fast path: an elementwise update
-    can then run over their memory in storage order."""
+    """Whether the tensors are plain tensors sharing one dense memory layout: contiguous,
+    channels_last or any other permutation of the dimensions. Only those take a fast path: an
+    elementwise update can then run over their memory in storage order. A tensor subclass (a
+    DTensor whose layout differs from its gradient's, see ``horst.optimizer.local_shards``)
+    has no memory of its own to run over (its ``data_ptr()`` is 0, its shape is the global one)."""
+    if any(type(t) not in PLAIN_TENSOR_TYPES for t in tensors):
+        return False
     first = tensors[0]
     if any(t.shape != first.shape or t.stride() != first.stride() for t in tensors[1:]):
         return False
@@ -116,52 +123,66 @@ def mirror_step_foreach_(
     order: str,
     guard: bool,
     fast: bool,
-) -> None:
+    sums_of_squares: bool = False,
+) -> list[float | None]:
     """One step over ``(param, grad, *state)`` tuples that share the step's scalars ``s``:
     ``descend`` (a base's, with ``kernel_base`` its base in the C kernel) composed with the
-    mirror step, on the fast path if ``fast``, else on the plain path."""
+    mirror step, on the fast path if ``fast``, else on the plain path. With ``sums_of_squares``
+    the C kernel also sums the squares of each new parameter it computes (HAM's norm cap):
+    returned per tuple, None for the tuples another path stepped."""
     for_kernel, for_compiler, for_plain = [], [], []
     mode = kernel_mode(s, order, guard)
-    for group in tensors:
+    for index, group in enumerate(tensors):
         if not (fast and dense_layout(group)):
-            for_plain.append(group)
+            for_plain.append(index)
         elif mode is not None and _cpu_kernel.supports(group):
-            for_kernel.append(group)
+            for_kernel.append(index)
         else:
-            for_compiler.append(group)
-    if for_kernel and not _cpu_kernel_step(for_kernel, s, kernel_base, mode):
-        for_compiler += for_kernel
+            for_compiler.append(index)
+    sums: list[float | None] = [None] * len(tensors)
+    if for_kernel:
+        kernel_sums = _cpu_kernel_step([tensors[i] for i in for_kernel], s, kernel_base, mode, sums_of_squares)
+        if kernel_sums is False:
+            for_compiler += for_kernel
+        elif kernel_sums is not None:
+            for index, total in zip(for_kernel, kernel_sums):
+                sums[index] = total
     packed = _PackedByDevice(s)
-    for index, group in enumerate(for_compiler):
-        if not _compiled_step(descend, flat_aliases(group), packed, order, guard):
-            for_plain += for_compiler[index:]
+    for position, index in enumerate(for_compiler):
+        if not _compiled_step(descend, flat_aliases(tensors[index]), packed, order, guard):
+            for_plain += for_compiler[position:]
             break
-    for param, grad, *state in for_plain:
+    for index in for_plain:
+        param, grad, *state = tensors[index]
         mirror_step_(descend, param, grad, tuple(state), s, order, guard)
+    return sums
 
 
 class _PackedByDevice(dict):
-    """The step's packed scalars on each device that asks for them, made once per step."""
+    """The step's packed scalars on each device and in each compute dtype that asks for them,
+    made once per step."""
 
     def __init__(self, values: Scalars) -> None:
         super().__init__()
         self.values = values
 
-    def __missing__(self, device: torch.device) -> Tensor:
-        self[device] = pack(self.values, device)
-        return self[device]
+    def __missing__(self, key: tuple[torch.device, torch.dtype]) -> Tensor:
+        self[key] = pack(self.values, *key)
+        return self[key]
 
 
-def _cpu_kernel_step(tensors: list[tuple[Tensor, ...]], s: Scalars, base: int, mode: int) -> bool:
-    """The C kernel over all ``tensors`` in one call; False if it is not available."""
+def _cpu_kernel_step(
+    tensors: list[tuple[Tensor, ...]], s: Scalars, base: int, mode: int, sums_of_squares: bool
+) -> list[float] | None | bool:
+    """The C kernel over all ``tensors`` in one call: the new parameters' sums of squares if
+    asked for, else None; False if the kernel is not available."""
     if "C kernel" in _failed:
         return False
     try:
-        _cpu_kernel.mirror_step_f32_(tensors, tuple(s), base=base, mode=mode)
+        return _cpu_kernel.mirror_step_f32_(tensors, tuple(s), base=base, mode=mode, sums_of_squares=sums_of_squares)
     except (_cpu_kernel.KernelBuildError, OSError) as error:
         _give_up("C kernel", error, "compiled path (torch.compile)")
         return False
-    return True
 
 
 def _compiled_step(
@@ -172,7 +193,7 @@ def _compiled_step(
         return False
     param, grad, *state = tensors
     try:
-        _compiled_kernel()(descend, param, grad, tuple(state), packed[param.device], order, guard)
+        _compiled_kernel()(descend, param, grad, tuple(state), packed[param.device, compute_dtype(param.dtype)], order, guard)
     except Exception as error:  # noqa: BLE001 - any compiler failure: fall back, loudly
         _give_up("torch.compile", error, "plain path")
         return False

@@ -13,9 +13,8 @@ With ``u = Adam(g, lr)`` (bias-corrected, lr included):
   normalisation cancels the scale, and with it the sparsity bias.
 * HAM: ``theta_new = theta_half * exp(clamp(lr * (-alpha * sign(theta_half) * g - beta), -5, 5))``
   with the raw gradient ``g`` (Jacobs et al., "Hyperbolic Aware Minimization", ICLR 2026,
-  arXiv 2506.02630), plus the two guards of the authors' reference wrapper: a NaN guard and a
-  per-tensor norm cap (its value is not public here, so the cap is off unless ``max_norm`` is
-  given).
+  arXiv 2506.02630), plus the two guards of the authors' reference wrapper (TomJacobs05/HAM): a
+  NaN guard and a per-tensor norm cap of 1000 on every parameter with a gradient.
 
 ``alpha = beta = 0`` is ``torch.optim.AdamW`` bit for bit on the plain path.
 """
@@ -69,7 +68,9 @@ class _AdamWBase(MirrorOptimizer):
         state["step"] += 1
         return int(state["step"].item())
 
-    def _scalars(self, group: dict[str, Any], lr: float, step: int, mirror: tuple[float, ...]) -> Scalars:
+    def _scalars(
+        self, group: dict[str, Any], lr: float | Tensor, step: int, mirror: tuple[float | Tensor, ...]
+    ) -> Scalars:
         beta1, beta2 = group["betas"]
         alpha_u, alpha_g, lr_beta, clip = mirror
         return scalars(
@@ -136,12 +137,15 @@ class HAM(_AdamWBase):
     """AdamW, then HAM's gradient-driven hyperbolic step on hyperbolic tensors.
 
     Args are those of ``horst.HORST`` without ``order`` (HAM always mirrors after AdamW), and:
-        max_norm: per-tensor cap on the L2 norm of a hyperbolic tensor after the step (the
-            tensor is rescaled to it); ``None`` (default): no cap.
+        max_norm: per-tensor cap on the L2 norm of every parameter with a gradient after the
+            step (a tensor above it is rescaled to it); ``None``: no cap. Default 1000, the
+            reference wrapper's ``max_weight_norm``.
         nan_guard: where a hyperbolic tensor's step gives a non-finite value, the weight keeps
             its old value (default ``True``).
 
-    Defaults are the authors' ImageNet values, ``alpha=200, beta=1e-3``. Zeros stay zero.
+    Defaults are the authors' (ImageNet, and their public wrapper, TomJacobs05/HAM):
+    ``alpha=200, beta=1e-3, max_norm=1000``. Zeros stay zero. Where ours differs from the wrapper:
+    docs/design.md §2.2.
     """
 
     def __init__(
@@ -154,7 +158,7 @@ class HAM(_AdamWBase):
         alpha: float = 200.0,
         beta: float = 1e-3,
         *,
-        max_norm: float | None = None,
+        max_norm: float | None = 1000.0,
         nan_guard: bool = True,
         maximize: bool = False,
         foreach: bool | None = None,
@@ -178,18 +182,32 @@ class HAM(_AdamWBase):
         if not isinstance(group["nan_guard"], bool):
             raise ValueError(f"nan_guard must be a bool, got {group['nan_guard']!r}")
 
-    def _mirror(self, group: dict[str, Any], lr: float) -> tuple[float, float, float, float]:
+    def _mirror(self, group: dict[str, Any], lr: float | Tensor) -> tuple[float | Tensor, ...]:
         return (0.0, lr * group["alpha"], lr * group["beta"], HAM_EXPONENT_CLIP)
 
     def _guard(self, group: dict[str, Any]) -> bool:
         return group["nan_guard"]
 
-    def _after_step(self, group: dict[str, Any], hyperbolic_params: list[Tensor]) -> None:
-        if group["max_norm"] is None or not hyperbolic_params:
+    def _needs_norms(self, group: dict[str, Any]) -> bool:
+        return group["max_norm"] is not None
+
+    def _after_step(self, group: dict[str, Any], params: list[Tensor], sums_of_squares: dict[Tensor, float]) -> None:
+        """The reference wrapper's norm cap, on every parameter with a gradient (biases and norms
+        too): a tensor whose L2 norm exceeds ``max_norm`` is rescaled to it. The C kernel summed
+        the squares of the tensors it stepped; the others' norms are computed here (a DTensor's
+        is its whole tensor's)."""
+        max_norm = group["max_norm"]
+        if max_norm is None:
             return
+        for param, total in sums_of_squares.items():
+            norm = math.sqrt(total)
+            if norm > max_norm:
+                param.mul_(max_norm / norm)
         # complex tensors as their real views, as in the step
-        hyperbolic_params = [torch.view_as_real(p) if p.is_complex() else p for p in hyperbolic_params]
-        norms = torch._foreach_norm(hyperbolic_params)
+        rest = [torch.view_as_real(p) if p.is_complex() else p for p in params if p not in sums_of_squares]
+        if not rest:
+            return
+        norms = torch._foreach_norm(rest)
         # min(1, max_norm / norm) without a host sync; a zero tensor keeps its factor 1
-        factors = [torch.clamp(group["max_norm"] / n.clamp(min=torch.finfo(n.dtype).tiny), max=1.0) for n in norms]
-        torch._foreach_mul_(hyperbolic_params, factors)
+        factors = [torch.clamp(max_norm / n.clamp(min=torch.finfo(n.dtype).tiny), max=1.0) for n in norms]
+        torch._foreach_mul_(rest, factors)

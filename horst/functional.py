@@ -63,17 +63,26 @@ SCALARS: tuple[str, ...] = Scalars._fields
 Descend = Callable[[Tensor, Tensor, Tensor, tuple[Tensor, ...], Scalars], tuple[Tensor, Tensor, tuple[Tensor, ...]]]
 
 
-def scalars(**values: float) -> Scalars:
-    """A ``Scalars`` with the unused entries at neutral values (1 for the scales, 0 otherwise)."""
+def scalars(**values: float | Tensor) -> Scalars:
+    """A ``Scalars`` with the unused entries at neutral values (1 for the scales, 0 otherwise).
+    Values computed from a tensor lr are 0-d tensors, computed in the lr's dtype as
+    ``torch.optim.AdamW`` computes them (``1 - lr * weight_decay``, ``lr / (1 - beta1**step)``):
+    they are taken as the numbers they hold."""
     neutral = dict.fromkeys(SCALARS, 0.0)
     neutral.update(grad_scale=1.0, decay=1.0, bias_correction2_sqrt=1.0, clip=math.inf)
-    neutral.update(values)
+    neutral.update({name: float(value) for name, value in values.items()})
     return Scalars(**neutral)
 
 
-def pack(values: Scalars, device: torch.device) -> Tensor:
-    """The scalars as one float32 tensor in ``SCALARS`` order (the compiled path's argument)."""
-    return torch.tensor(values, dtype=torch.float32).to(device, non_blocking=True)
+def pack(values: Scalars, device: torch.device, dtype: torch.dtype) -> Tensor:
+    """The scalars as one tensor in ``SCALARS`` order (the compiled path's argument), in the
+    dtype the step computes in (``compute_dtype``): float64 tensors step with float64 scalars."""
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a step on a tensor of ``dtype`` computes in: float32, or float64 for float64."""
+    return torch.promote_types(dtype, torch.float32)
 
 
 def axpy(x: Tensor, y: Tensor, a: float | Tensor) -> Tensor:
@@ -101,9 +110,9 @@ def mirror_step_(
     Low-precision tensors are computed in float32 and stored back in their own dtype. With
     ``guard`` (HAM's NaN guard) a weight whose new value is not finite keeps its old value.
     """
-    compute_dtype = torch.promote_types(param.dtype, torch.float32)
-    theta = param.to(compute_dtype)
-    g = grad.to(compute_dtype) * s.grad_scale
+    dtype = compute_dtype(param.dtype)
+    theta = param.to(dtype)
+    g = grad.to(dtype) * s.grad_scale
     if order == "sm":  # S∘M: the mirror operator scales the gradient, Adam (or Lion, SGD) normalises it
         g = g * (1 + s.alpha_u * theta.abs())
         anchor = theta * s.decay * _exp_scalar(-s.lr_beta)

@@ -77,7 +77,9 @@ class HORSTLion(MirrorOptimizer):
         if "exp_avg" not in state:
             state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
 
-    def _scalars(self, group: dict[str, Any], lr: float, key: Any, mirror: tuple[float, ...]) -> Scalars:
+    def _scalars(
+        self, group: dict[str, Any], lr: float | Tensor, key: Any, mirror: tuple[float | Tensor, ...]
+    ) -> Scalars:
         beta1, beta2 = group["betas"]
         alpha_u, alpha_g, lr_beta, clip = mirror
         return scalars(

@@ -83,5 +83,6 @@ def exp_float32(x: Tensor) -> Tensor:
     r = (x - k * LN2_HIGH) - k * LN2_LOW
     c2, c3, c4, c5 = EXP_POLY
     poly = 1.0 + r * (1.0 + r * (c2 + r * (c3 + r * (c4 + r * c5))))
-    two_to_k = ((k.to(torch.int32) + 127) << 23).view(torch.float32)
+    # bitwise_left_shift, not <<: on a DTensor (torch 2.14) << leaves the bits where they are
+    two_to_k = torch.bitwise_left_shift(k.to(torch.int32) + 127, 23).view(torch.float32)
     return poly * two_to_k

@@ -20,6 +20,7 @@ every tensor with ``ndim >= 2``.
 from __future__ import annotations
 
 import math
+import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -34,6 +35,9 @@ from horst.functional import Descend, Scalars
 ORDERS = ("ms", "sm")
 # what the flags of torch's optimizers mean here
 CONVENTION_DEFAULTS = dict(maximize=False, foreach=None, fused=None, capturable=False, differentiable=False)
+# the flags that choose how a step is computed, not what it computes: a state dict's (an
+# AdamW(foreach=True) checkpoint's) do not replace this optimizer's own
+IMPLEMENTATION_FLAGS = ("foreach", "fused", "capturable", "differentiable")
 
 
 class MirrorOptimizer(Optimizer):
@@ -64,15 +68,19 @@ class MirrorOptimizer(Optimizer):
         whether the momentum buffer is new). Parameters with equal keys are updated together."""
         raise NotImplementedError
 
-    def _scalars(self, group: dict[str, Any], lr: float, key: Any, mirror: tuple[float, ...]) -> Scalars:
-        """The step's scalars; ``mirror`` is ``(alpha_u, alpha_g, lr_beta, clip)``."""
+    def _scalars(
+        self, group: dict[str, Any], lr: float | Tensor, key: Any, mirror: tuple[float | Tensor, ...]
+    ) -> Scalars:
+        """The step's scalars; ``mirror`` is ``(alpha_u, alpha_g, lr_beta, clip)``. ``lr`` is the
+        group's as given: scalars derived from a tensor lr are computed in tensor arithmetic, as
+        torch's optimizers compute them (``horst.functional.scalars`` takes their values)."""
         raise NotImplementedError
 
     def _descend(self, group: dict[str, Any]) -> tuple[Descend, int]:
         """The base's ``descend`` function (``horst.functional``) and its base in the C kernel."""
         raise NotImplementedError
 
-    def _mirror(self, group: dict[str, Any], lr: float) -> tuple[float, float, float, float]:
+    def _mirror(self, group: dict[str, Any], lr: float | Tensor) -> tuple[float | Tensor, ...]:
         """``(alpha_u, alpha_g, lr_beta, clip)`` of a hyperbolic tensor (``horst.mirror``): HORST's
         pull by the update, no clamp."""
         return (group["alpha"], 0.0, lr * group["beta"], math.inf)
@@ -81,8 +89,14 @@ class MirrorOptimizer(Optimizer):
         """Whether hyperbolic tensors keep their old value where the step is not finite (HAM)."""
         return False
 
-    def _after_step(self, group: dict[str, Any], hyperbolic_params: list[Tensor]) -> None:
-        """Runs after a group's step (HAM's norm cap)."""
+    def _needs_norms(self, group: dict[str, Any]) -> bool:
+        """Whether ``_after_step`` uses the new parameters' norms (HAM's norm cap): the C kernel
+        then sums their squares in the step's own pass."""
+        return False
+
+    def _after_step(self, group: dict[str, Any], params: list[Tensor], sums_of_squares: dict[Tensor, float]) -> None:
+        """Runs after a group's step on the parameters it stepped (HAM's norm cap);
+        ``sums_of_squares`` holds those the C kernel summed (whole tensors only, not shards)."""
 
     def _check_base(self, group: dict[str, Any]) -> None:
         """The base's own hyperparameters (betas, momentum, ...): ``ValueError`` naming the argument."""
@@ -131,6 +145,51 @@ class MirrorOptimizer(Optimizer):
             self._check_group({**self.defaults, **{k: v for k, v in param_group.items() if k != "params"}})
         super().add_param_group(param_group)
 
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """``torch.optim.Optimizer.load_state_dict`` with two differences: every state tensor is
+        checked against its parameter before anything changes (``ValueError`` naming the group,
+        the index and both shapes), and the groups keep this optimizer's ``IMPLEMENTATION_FLAGS``
+        (the saved groups' other keys, ``lr``, ``maximize``, ... are loaded as torch loads them)."""
+        self._check_state_dict(state_dict)
+        own_flags = [{flag: group[flag] for flag in IMPLEMENTATION_FLAGS} for group in self.param_groups]
+        super().load_state_dict(state_dict)
+        for group, flags in zip(self.param_groups, own_flags):
+            group.update(flags)
+
+    def _check_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Each saved state tensor has its parameter's shape (``step``: one value) and a dtype the
+        parameter can take (floating point for a real parameter, the parameter's own for a complex
+        one). Parameters are matched as torch matches them, by position in their group; groups
+        whose number or sizes differ are left to torch, which refuses them before any change."""
+        saved_groups = state_dict.get("param_groups", [])
+        if len(saved_groups) != len(self.param_groups) or any(
+            len(saved["params"]) != len(group["params"]) for saved, group in zip(saved_groups, self.param_groups)
+        ):
+            return
+        name = type(self).__name__
+        for index, (saved, group) in enumerate(zip(saved_groups, self.param_groups)):
+            for position, (key, param) in enumerate(zip(saved["params"], group["params"])):
+                where = f"param_groups[{index}]['params'][{position}]"
+                for state_name, value in state_dict["state"].get(key, {}).items():
+                    if not isinstance(value, Tensor):
+                        continue
+                    if state_name == "step":
+                        if value.numel() != 1:
+                            raise ValueError(f"{name}.load_state_dict: 'step' of {where} has shape {tuple(value.shape)}, "
+                                             "not one value; nothing was loaded")  # fmt: skip
+                        continue
+                    if value.shape != param.shape:
+                        raise ValueError(
+                            f"{name}.load_state_dict: state {state_name!r} of {where} has shape {tuple(value.shape)}, "
+                            f"its parameter {tuple(param.shape)} (saved with the parameters in another order?); "
+                            "nothing was loaded"
+                        )
+                    if (value.dtype != param.dtype) if param.is_complex() else not value.is_floating_point():
+                        raise ValueError(
+                            f"{name}.load_state_dict: state {state_name!r} of {where} is {value.dtype}, its parameter "
+                            f"{param.dtype} of shape {tuple(param.shape)}; nothing was loaded"
+                        )
+
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Fills in group keys a state dict lacks (an AdamW checkpoint has no ``alpha``, older ones
         no ``maximize``) from the defaults, as torch's optimizers do, and converts a number
@@ -175,29 +234,55 @@ class MirrorOptimizer(Optimizer):
         return loss
 
     def _step_group(self, group: dict[str, Any], params: list[Tensor]) -> None:
-        lr = float(group["lr"])
+        lr = group["lr"]  # a tensor lr stays one: the scalars follow torch's tensor-lr arithmetic
         descend, kernel_base = self._descend(group)
         names = self._state_names(group)
-        batches: dict[tuple[Any, bool], list[tuple[Tensor, ...]]] = defaultdict(list)
-        hyperbolic_params = []
+        batches: dict[tuple[Any, bool], list[tuple[Tensor, tuple[Tensor, ...], bool]]] = defaultdict(list)
         for param in params:
             state = self.state[param]
             key = self._prepare(param, state, group)
             hyperbolic = param.ndim >= 2 if group["hyperbolic"] is None else group["hyperbolic"]
-            if hyperbolic:
-                hyperbolic_params.append(param)
-            tensors = (param, param.grad, *(state[name] for name in names))
+            tensors = local_shards((param, param.grad, *(state[name] for name in names)))
+            whole = tensors[0] is param  # not a shard: the kernel's sum of squares is the tensor's
+            if tensors[0].numel() == 0:  # a rank holding no element of a sharded parameter
+                continue
             if param.is_complex():  # real and imaginary parts as independent reals, as torch's Adam
                 tensors = tuple(torch.view_as_real(t) for t in tensors)
-            batches[(key, hyperbolic)].append(tensors)
-        for (key, hyperbolic), tensors in batches.items():
+            batches[(key, hyperbolic)].append((param, tensors, whole))
+        sums_of_squares = {}
+        for (key, hyperbolic), entries in batches.items():
             mirror = self._mirror(group, lr) if hyperbolic else (0.0, 0.0, 0.0, math.inf)
-            mirror_step_foreach_(
-                descend, kernel_base, tensors, self._scalars(group, lr, key, mirror),
+            sums = mirror_step_foreach_(
+                descend, kernel_base, [tensors for _, tensors, _ in entries], self._scalars(group, lr, key, mirror),
                 order=group.get("order", "ms"), guard=hyperbolic and self._guard(group),
-                fast=use_fast_path(group["fused"]),
+                fast=use_fast_path(group["fused"]), sums_of_squares=self._needs_norms(group),
             )  # fmt: skip
-        self._after_step(group, hyperbolic_params)
+            for (param, _, whole), total in zip(entries, sums):
+                if whole and total is not None:
+                    sums_of_squares[param] = total
+        self._after_step(group, params, sums_of_squares)
+
+
+def local_shards(tensors: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    """The local shards of DTensors (FSDP2's ``fully_shard``, tensor parallelism) laid out alike.
+
+    The step is elementwise, so each rank updating its shard of the parameter, the gradient
+    and the state is the step of the whole tensor; on the shard both paths see a plain tensor.
+    Tensors laid out differently (a gradient still ``Partial``, another mesh) stay DTensors and
+    take the plain path, whose operators DTensor redistributes (``horst._fast_path.dense_layout``).
+    Plain tensors are returned as they are.
+    """
+    dtensor_module = sys.modules.get("torch.distributed.tensor")  # no DTensor exists before it is imported
+    if dtensor_module is None or not isinstance(tensors[0], dtensor_module.DTensor):
+        return tensors
+    first = tensors[0]
+    alike = all(
+        isinstance(t, dtensor_module.DTensor) and t.device_mesh == first.device_mesh and t.placements == first.placements
+        for t in tensors
+    )
+    if not alike or any(placement.is_partial() for placement in first.placements):
+        return tensors
+    return tuple(t.to_local() for t in tensors)
 
 
 def is_number(value: Any) -> bool:

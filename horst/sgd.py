@@ -107,7 +107,9 @@ class HORSTSGD(MirrorOptimizer):
         state["momentum_buffer"] = torch.zeros_like(param, memory_format=torch.preserve_format)
         return True
 
-    def _scalars(self, group: dict[str, Any], lr: float, first: bool, mirror: tuple[float, ...]) -> Scalars:
+    def _scalars(
+        self, group: dict[str, Any], lr: float | Tensor, first: bool, mirror: tuple[float | Tensor, ...]
+    ) -> Scalars:
         alpha_u, alpha_g, lr_beta, clip = mirror
         momentum = group["momentum"]
         return scalars(

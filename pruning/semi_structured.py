@@ -71,7 +71,7 @@ def to_semi_structured_(model: nn.Module, names: Iterable[str] | None = None) ->
     if device.type != "cuda" or not torch.cuda.is_available():
         raise RuntimeError(
             f"{GPU_NEEDED}; this model is on {device}. On a CPU the pruned model runs dense with exact zeros: "
-            "the same outputs, no speed-up. Measure the speed-up on a GPU (bench/gpu_check.py)."
+            "the same outputs, no speed-up (make gpu-check checks the converted outputs on a GPU)."
         )
     capability = torch.cuda.get_device_capability(device)
     if capability < (8, 0):

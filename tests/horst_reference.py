@@ -91,3 +91,50 @@ def assert_close(actual, expected, tol=1e-6):
         torch.testing.assert_close(a.double(), e.double(), atol=tol, rtol=tol)
 
 
+
+
+class HamOptimizerWrapper:
+    """HAM's public reference wrapper, transcribed from the README of TomJacobs05/HAM (commit
+    5128597): its ``step`` line for line, without the prints. The base optimizer steps first;
+    then, for every parameter with a gradient and no NaN in it or in its weights, tensors with
+    ``ndim >= 2`` are multiplied by ``exp(clamp(lr * (-alpha * sign(w) * g - beta), -5, 5))``
+    where ``w != 0`` (reverted if that makes a NaN), and every such parameter's norm is capped
+    at ``max_weight_norm``; ``clip_grad_norm_`` runs after the step."""
+
+    def __init__(self, optimizer, alpha=200, beta=1e-3, max_weight_norm=1000.0, max_grad_norm=20.0):
+        self.optimizer = optimizer
+        self.max_weight_norm = max_weight_norm
+        self.max_grad_norm = max_grad_norm
+        self.alpha = alpha
+        self.beta = beta
+        self.param_groups = optimizer.param_groups
+
+    def step(self, closure=None):
+        self.optimizer.step(closure)
+        for group in self.optimizer.param_groups:
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                if torch.isnan(param.data).any():
+                    continue
+                if torch.isnan(param.grad).any():
+                    continue
+                is_weight = len(param.shape) >= 2
+                if is_weight:
+                    orig_data = param.data.clone()
+                    lr = group["lr"]
+                    sign_term = torch.sign(param.data)
+                    base_exponent = -self.alpha * sign_term * param.grad - self.beta
+                    exponent = torch.clamp(base_exponent * lr, -5.0, 5.0)
+                    if torch.isnan(exponent).any():
+                        continue
+                    update_factor = torch.exp(exponent)
+                    mask = param.data != 0
+                    param.data[mask] = param.data[mask] * update_factor[mask]
+                    if torch.isnan(param.data).any():
+                        param.data = orig_data
+                        continue
+                weight_norm = torch.norm(param.data)
+                if weight_norm > self.max_weight_norm:
+                    param.data = param.data * (self.max_weight_norm / weight_norm)
+            torch.nn.utils.clip_grad_norm_(group["params"], max_norm=self.max_grad_norm)

@@ -228,8 +228,8 @@ def test_cpu_kernel_build_is_cached(tmp_path, monkeypatch):
     assert first.parent == cache
     built = first.stat().st_mtime_ns
     assert _cpu_kernel.build() == first and first.stat().st_mtime_ns == built
-    # the library and its content hash, no temporary left behind
-    assert sorted(p.name for p in cache.iterdir()) == [first.name, first.name + ".sha256"]
+    # the library, its build lock and its content hash, no temporary left behind
+    assert sorted(p.name for p in cache.iterdir()) == [first.name, first.name + ".lock", first.name + ".sha256"]
     assert _cpu_kernel.hash_record(first).read_text().strip() == hashlib.sha256(first.read_bytes()).hexdigest()
     assert stat.S_IMODE(cache.stat().st_mode) == 0o700
 
@@ -301,3 +301,16 @@ def test_cpu_kernel_build_failure_falls_back_loudly(tmp_path, monkeypatch):
         _cpu_kernel._kernel.cache_clear()  # later tests load the real build again
     plain, _ = run(horst_factory("ms", fused=False), steps=3, lrs=LRS)
     assert_close(fast, plain)
+
+
+def test_float64_fast_path_is_float64_exact():
+    """float64 tensors take the compiled path with float64 scalars (they were packed in float32,
+    which left the fast path 1.5e-7 from AdamW)."""
+    adamw, _ = run(lambda ps: torch.optim.AdamW(ps, lr=LRS[0], betas=HYPER["betas"], weight_decay=HYPER["wd"]),
+                   steps=20, lrs=LRS, dtype=torch.float64)  # fmt: skip
+    fast, _ = run(horst_factory("ms", fused=True, alpha=0.0, beta=0.0), steps=20, lrs=LRS, dtype=torch.float64)
+    assert_close(fast, adamw, tol=1e-13)
+    fast, _ = run(horst_factory("ms", fused=True), steps=20, lrs=LRS, dtype=torch.float64)
+    plain, _ = run(horst_factory("ms", fused=False), steps=20, lrs=LRS, dtype=torch.float64)
+    assert fast[0].dtype == torch.float64
+    assert_close(fast, plain, tol=1e-13)

@@ -4,6 +4,7 @@ optimizers they extend (docs/design.md §2)."""
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 
 import pytest
@@ -14,7 +15,7 @@ from horst.mirror import exp_float32
 from timm.optim import Lion
 
 from horst_reference import (
-    HYPER, LRS, assert_close, gradients, make_params, max_abs_diff, reference_ham_step,
+    HYPER, LRS, HamOptimizerWrapper, assert_close, gradients, make_params, max_abs_diff, reference_ham_step,
     reference_horst_step, run, run_reference,
 )  # fmt: skip
 
@@ -63,6 +64,27 @@ def test_ham_matches_reference():
     )  # fmt: skip
     expected = run_reference(reference_ham_step, 20, lrs=lrs, **HYPER, **hyper)
     assert_close(actual, expected)
+
+
+@pytest.mark.parametrize("max_norm", [1000.0, 3.0], ids=["default-cap", "cap-acting"])
+@pytest.mark.parametrize("fused", [False, True], ids=["plain", "C-kernel"])
+def test_ham_matches_the_reference_wrapper(max_norm, fused):
+    """HAM against the authors' public wrapper around torch's AdamW (tests/horst_reference.py);
+    a cap of 3 acts on two of the three tensors (their norms grow to 5-50 without it)."""
+    lrs = [lr / 5 for lr in LRS]
+    adamw = dict(lr=lrs[0], betas=HYPER["betas"], eps=HYPER["eps"], weight_decay=HYPER["wd"])
+    ours, _ = run(lambda ps: horst.HAM(ps, max_norm=max_norm, fused=fused, **adamw), steps=20, lrs=lrs)
+    theirs, _ = run(lambda ps: HamOptimizerWrapper(torch.optim.AdamW(ps, **adamw), max_weight_norm=max_norm),
+                    steps=20, lrs=lrs)  # fmt: skip
+    assert_close(ours, theirs)  # our exp is a polynomial within 2e-7 of torch.exp
+    if max_norm == 3.0:
+        free, _ = run(lambda ps: horst.HAM(ps, max_norm=None, fused=fused, **adamw), steps=20, lrs=lrs)
+        assert sum(f.norm() > 3.0 for f in free) == 2 and all(t.norm() <= 3.0 * (1 + 1e-6) for t in theirs)
+    defaults = inspect.signature(HamOptimizerWrapper).parameters
+    ham = horst.HAM(make_params()).defaults
+    assert (ham["alpha"], ham["beta"], ham["max_norm"]) == tuple(
+        defaults[name].default for name in ("alpha", "beta", "max_weight_norm")
+    )
 
 
 def test_ham_clamps_the_exponent_at_5():
@@ -346,22 +368,96 @@ def test_ham_nan_guard_keeps_the_old_weight(fused):
 
 def test_ham_nan_guard_catches_overflow_of_the_mirror_step():
     param = torch.nn.Parameter(torch.tensor([[3e38, 1.0]]))
-    optimizer = horst.HAM([param], lr=1.0, weight_decay=0.0, alpha=10.0, beta=0.0, fused=False)
+    optimizer = horst.HAM([param], lr=1.0, weight_decay=0.0, alpha=10.0, beta=0.0, max_norm=None, fused=False)
     param.grad = torch.tensor([[-1.0, -1.0]])  # pulls away from zero: factor exp(5)
     optimizer.step()
     assert param[0, 0].item() == pytest.approx(3e38) and param[0, 1].item() == pytest.approx(2 * math.exp(5))
 
 
 @pytest.mark.parametrize("fused", [False, True])
-def test_ham_norm_cap_rescales_hyperbolic_tensors_only(fused):
+def test_ham_norm_cap_rescales_every_parameter_with_a_gradient(fused):
+    """As the reference wrapper's ``max_weight_norm``: matrices, vectors, biases alike."""
     make = lambda ps, cap: horst.HAM(ps, lr=1e-2, alpha=20.0, max_norm=cap, fused=fused)  # noqa: E731
     capped, _ = run(lambda ps: make(ps, 2.0), steps=1)
     free, _ = run(lambda ps: make(ps, None), steps=1)
-    assert all(f.norm() > 2.0 for f in free)  # so the cap acts on every tensor it applies to
+    assert all(f.norm() > 2.0 for f in free)  # so the cap acts on every tensor
     for c, f in zip(capped, free):
-        if f.ndim >= 2:  # the step's result, rescaled to the cap
-            torch.testing.assert_close(c, f * (2.0 / f.norm()))
-        else:
-            assert torch.equal(c, f)
+        torch.testing.assert_close(c, f * (2.0 / f.norm()))
+    untouched, _ = run(lambda ps: make(ps, 100.0), steps=1)
+    assert all(torch.equal(u, f) for u, f in zip(untouched, free))  # below the cap: left alone
+    assert horst.HAM(make_params()).defaults["max_norm"] == 1000.0
     with pytest.raises(ValueError, match="max_norm"):
         horst.HAM(make_params(), max_norm=-1.0)
+
+
+# ------------------------------------------------------------------------------ tensor lr, state dicts
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["plain", "C-kernel"])
+def test_tensor_lr_follows_torch_tensor_lr_arithmetic(fused):
+    """torch computes ``1 - lr * weight_decay`` and ``lr / (1 - beta1**step)`` in the tensor lr's
+    float32 arithmetic, not in Python floats: so does horst (bit for bit on the plain path)."""
+    lr = 0.0123  # a value whose float32 products round differently from double ones
+    adamw, _ = run(lambda ps: torch.optim.AdamW(ps, lr=torch.tensor(lr), betas=(0.9, 0.99), weight_decay=0.1), steps=20)
+    ours, _ = run(lambda ps: horst.HORST(ps, lr=torch.tensor(lr), betas=(0.9, 0.99), weight_decay=0.1, alpha=0.0,
+                                         beta=0.0, fused=fused), steps=20)  # fmt: skip
+    as_float, _ = run(lambda ps: horst.HORST(ps, lr=lr, betas=(0.9, 0.99), weight_decay=0.1, alpha=0.0, beta=0.0,
+                                             fused=fused), steps=20)  # fmt: skip
+    if fused:
+        assert_close(ours, adamw)
+    else:
+        assert all(torch.equal(a, b) for a, b in zip(ours, adamw))
+        assert not all(torch.equal(a, b) for a, b in zip(as_float, adamw))  # so the test can tell
+    sgd_kwargs = dict(momentum=0.9, weight_decay=0.1)
+    sgd, _ = run(lambda ps: torch.optim.SGD(ps, lr=torch.tensor(lr), **sgd_kwargs), steps=20)
+    ours, _ = run(lambda ps: horst.HORSTSGD(ps, lr=torch.tensor(lr), alpha=0.0, beta=0.0, fused=fused, **sgd_kwargs),
+                  steps=20)  # fmt: skip
+    assert_close(ours, sgd, tol=0 if not fused else 1e-6)
+
+
+def _stepped(make, params):
+    optimizer = make(params)
+    for step in range(1, 3):
+        for p, g in zip(params, gradients(params, step)):
+            p.grad = g
+        optimizer.step()
+    return optimizer
+
+
+def test_load_state_dict_keeps_this_optimizers_implementation_flags():
+    """An AdamW(foreach=True) checkpoint loads into HORST and steps (its foreach=True used to
+    make the first step raise, telling the user to change a value from the checkpoint)."""
+    saved = _stepped(lambda ps: torch.optim.AdamW(ps, foreach=True, fused=None), make_params()).state_dict()
+    params = make_params()
+    optimizer = horst.HORST(params, fused=False)
+    optimizer.load_state_dict(saved)
+    group = optimizer.param_groups[0]
+    assert (group["foreach"], group["fused"], group["capturable"], group["differentiable"]) == (None, False, False, False)
+    for p, g in zip(params, gradients(params, 3)):
+        p.grad = g
+    optimizer.step()
+    assert all(state["step"].item() == 3 for state in optimizer.state.values())
+    fused = horst.HAM(make_params(), fused=True)
+    fused.load_state_dict(_stepped(lambda ps: horst.HAM(ps, fused=False), make_params()).state_dict())
+    assert fused.param_groups[0]["fused"] is True
+    assert saved["param_groups"][0]["foreach"] is True  # the state dict itself is left alone
+
+
+@pytest.mark.parametrize("cls", [horst.HORST, horst.HAM, horst.HORSTLion, horst.HORSTSGD])
+def test_load_state_dict_checks_every_state_tensor_before_any_change(cls):
+    """A state dict saved with the parameters in another order (same group sizes) used to
+    broadcast a (5,) state onto a (6, 5) parameter, update it and count the step before failing
+    with a message naming no parameter."""
+    kwargs = {"momentum": 0.9} if cls is horst.HORSTSGD else {}
+    make = lambda ps: cls(ps, fused=False, **kwargs)  # noqa: E731
+    saved = _stepped(make, make_params()).state_dict()
+    params = make_params()
+    reordered = [params[1], params[0], params[2]]  # shapes (5,), (6, 5), (3, 2, 4)
+    optimizer = make(reordered)
+    with pytest.raises(ValueError, match=r"of param_groups\[0\]\['params'\]\[0\] has shape \(6, 5\), its parameter \(5,\)"):
+        optimizer.load_state_dict(saved)
+    assert not optimizer.state
+    name = next(n for n in saved["state"][2] if n != "step")
+    saved["state"][2][name] = saved["state"][2][name].to(torch.int64)
+    with pytest.raises(ValueError, match=rf"{name}' of param_groups\[0\]\['params'\]\[2\] is torch.int64"):
+        make(params).load_state_dict(saved)

@@ -7,8 +7,8 @@ round trip in lockstep, then 200 steps that must lower the loss, on contiguous a
 non-contiguous tensors, with plain lists and param-group dicts), ``_test_rosenbrock`` (cyclic
 coordinate descent on Rosenbrock's function from (1.5, 1.5): the distance to the minimum must
 not grow) and ``_test_model`` (a small sigmoid MLP whose loss must fall at every one of 20
-steps). timm builds its optimizers through ``create_optimizer_v2``, which does not know horst:
-the constructors are called directly. Not ported: the CUDA variants of ``_test_basic_cases``
+steps). The constructors are called directly there; the tests at the end build horst's
+optimizers the way timm builds its own, through ``create_optimizer_v2`` (``horst.timm``). Not ported: the CUDA variants of ``_test_basic_cases``
 and ``_test_state_dict`` (no GPU here), and timm's uncoalesced sparse gradients in the
 Rosenbrock test, which timm turns dense before the step anyway (``to_dense()``): the same
 dense gradient is given here.
@@ -18,9 +18,14 @@ from __future__ import annotations
 
 import copy
 import functools
+import subprocess
+import sys
 
 import pytest
 import torch
+from timm.models import VisionTransformer
+from timm.optim import create_optimizer_v2, list_optimizers
+from timm.scheduler import CosineLRScheduler
 from torch.nn import Parameter
 
 import horst
@@ -226,3 +231,66 @@ def test_horst_sgd(order, fused):
     _test_basic_cases(lambda weight, bias: make([weight, bias], lr=3e-3, momentum=1, weight_decay=0.1, alpha=1.0))
     _test_rosenbrock(lambda params: make(params, lr=1e-3))
     _test_model(lambda params: make(params, lr=1e-3))
+
+
+# ------------------------------------------------------------------------------ timm's registry
+
+
+TIMM_NAMES = {"horst": horst.HORST, "ham": horst.HAM, "horstlion": horst.HORSTLion, "horstsgd": horst.HORSTSGD}
+
+
+def tiny_vit() -> VisionTransformer:
+    torch.manual_seed(0)
+    return VisionTransformer(img_size=16, patch_size=8, embed_dim=16, depth=3, num_heads=2, num_classes=3)
+
+
+@pytest.mark.parametrize("name", TIMM_NAMES)
+def test_create_optimizer_v2_builds_horst_optimizers(name):
+    assert name in list_optimizers()
+    model = tiny_vit()
+    optimizer = create_optimizer_v2(model, opt=name, lr=1e-3, weight_decay=0.05)
+    assert type(optimizer) is TIMM_NAMES[name]
+    # timm's groups: weight decay on matrices, none on 1-D tensors (nor on its no_weight_decay list)
+    by_decay = {g["weight_decay"]: g for g in optimizer.param_groups}
+    assert set(by_decay) == {0.0, 0.05} and all(p.ndim >= 2 for p in by_decay[0.05]["params"])
+    assert all(g["lr"] == 1e-3 for g in optimizer.param_groups)
+    if name == "horstsgd":
+        assert optimizer.param_groups[0]["momentum"] == 0.9  # timm's default for optimizers with momentum
+    before = [p.detach().clone() for p in model.parameters()]
+    model(torch.randn(4, 3, 16, 16)).sum().backward()
+    optimizer.step()
+    assert any(not torch.equal(p, b) for p, b in zip(model.parameters(), before))
+
+
+def test_create_optimizer_v2_layer_decay_and_lookahead():
+    model = tiny_vit()
+    optimizer = create_optimizer_v2(model, opt="horst", lr=1e-3, weight_decay=0.05, layer_decay=0.5)
+    scales = sorted({g["lr_scale"] for g in optimizer.param_groups})
+    assert len(scales) == 5 and scales[-1] == 1.0  # embeddings, 3 blocks, head: each layer down by 0.5
+    scheduler = CosineLRScheduler(optimizer, t_initial=10)
+    scheduler.step(3)
+    for group in optimizer.param_groups:
+        assert group["lr"] == pytest.approx(scheduler._get_lr(3)[0] * group["lr_scale"])
+    model(torch.randn(4, 3, 16, 16)).sum().backward()
+    optimizer.step()
+    lookahead = create_optimizer_v2(tiny_vit(), opt="lookahead_ham", lr=1e-3)
+    assert type(lookahead._base_optimizer) is horst.HAM
+
+
+IMPORT_ORDERS = {
+    "horst first": "import sys, horst; assert 'timm' not in sys.modules, 'import horst imported timm'; import timm.optim",
+    "timm first": "import timm.optim, horst",
+}
+
+
+def test_import_horst_registers_with_timm_in_either_order_and_imports_no_timm():
+    check = f"; print(sorted(n for n in timm.optim.list_optimizers() if n in {sorted(TIMM_NAMES)}))"
+    processes = {
+        order: subprocess.Popen([sys.executable, "-c", code + check], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        for order, code in IMPORT_ORDERS.items()
+    }  # fmt: skip
+    for order, process in processes.items():
+        out, err = process.communicate(timeout=120)
+        assert process.returncode == 0, (order, err)
+        assert out.strip() == str(sorted(TIMM_NAMES)), (order, out, err)

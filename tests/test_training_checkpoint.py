@@ -1,4 +1,5 @@
-"""training.checkpoint: atomic writes, weights_only loads, RNG capture, resume lookup."""
+"""training.checkpoint: atomic writes, weights_only loads, RNG capture, resume lookup; DCP
+folders of FSDP2-sharded models."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from training.checkpoint import (
     resolve_resume,
     restore_training_state,
     save_checkpoint,
+    step_checkpoint,
     training_state,
 )
 from training.schedule import build_lr_scheduler
@@ -149,3 +151,107 @@ def test_read_only_folder_is_one_line(tmp_path):
             save_checkpoint({"x": torch.zeros(2)}, folder / "ckpt_00000001.pt")
     finally:
         subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
+def test_dcp_folder_is_written_atomically_listed_and_pruned_like_a_file(tmp_path):
+    """One process, no process group: DCP writes the folder alone."""
+    for step in (2, 4, 6):
+        save_checkpoint({"model": {"w": torch.full((3,), float(step))}, "optimizer": {}, "step": step},
+                        checkpoint_path(tmp_path, step, sharded=True))  # fmt: skip
+    (tmp_path / "ckpt_00000008.dcp.tmp").mkdir()  # an interrupted write
+    (tmp_path / "ckpt_00000001.pt.diverged").write_bytes(b"set aside")
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["ckpt_00000002.dcp", "ckpt_00000004.dcp", "ckpt_00000006.dcp"]
+    assert resolve_resume("auto", tmp_path) == tmp_path / "ckpt_00000006.dcp"
+    assert step_checkpoint(tmp_path, 4) == tmp_path / "ckpt_00000004.dcp" and step_checkpoint(tmp_path, 5) is None
+    prune_old_checkpoints(tmp_path, keep=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt_00000001.pt.diverged", "ckpt_00000006.dcp", "ckpt_00000008.dcp.tmp"]
+    state = load_checkpoint(tmp_path / "ckpt_00000006.dcp")
+    assert state["step"] == 6 and torch.equal(state["model"]["w"], torch.full((3,), 6.0))
+    assert "model" not in load_checkpoint(tmp_path / "ckpt_00000006.dcp", weights=False)
+    (tmp_path / "ckpt_00000006.dcp" / "state.pt").write_bytes(b"garbled")
+    with pytest.raises(CheckpointError, match="ckpt_00000006.dcp is unreadable"):
+        load_checkpoint(tmp_path / "ckpt_00000006.dcp")
+
+
+FSDP2_RESUME = """
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+from training.checkpoint import checkpoint_path, load_checkpoint, restore_training_state, save_checkpoint, training_state
+from training.distributed import init_distributed, is_sharded, parallelize
+from training.schedule import build_lr_scheduler
+
+info = init_distributed("cpu")
+folder = Path(sys.argv[1])
+
+
+def build():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 5))
+    parallelize(model, "fsdp2", info=info, device=torch.device("cpu"), blocks=[model[0], model[2]])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.1)
+    return model, optimizer, build_lr_scheduler(optimizer, total_steps=6, warmup_steps=1, min_lr=0.01)
+
+
+def train(model, optimizer, scheduler, steps, start):
+    for step in range(start, start + steps):
+        x = torch.randn(4, 6, generator=torch.Generator().manual_seed(100 * step + info.rank))
+        model(x).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        scheduler.step_update(step + 1)
+
+
+def whole(model):
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+
+
+model, optimizer, scheduler = build()
+assert is_sharded(model)
+train(model, optimizer, scheduler, 3, 0)
+path = save_checkpoint(training_state(model=model, optimizer=optimizer, scheduler=scheduler, step=3, config={}),
+                       checkpoint_path(folder, 3, sharded=True))
+at_3 = whole(model)
+train(model, optimizer, scheduler, 3, 3)
+expected = whole(model)
+
+model, optimizer, scheduler = build()  # a fresh start that resumes
+rest = restore_training_state(load_checkpoint(path, weights=False), model=model, optimizer=optimizer,
+                              scheduler=scheduler, path=path)
+train(model, optimizer, scheduler, 3, rest["step"])
+for name, tensor in whole(model).items():
+    assert torch.equal(tensor, expected[name]), name
+if info.is_main:
+    torch.save(at_3, folder / "at_3.pt")
+dist.destroy_process_group()
+"""
+
+
+def test_fsdp2_checkpoint_of_two_processes_resumes_exactly_and_reads_whole_without_them(tmp_path):
+    """torch.distributed.checkpoint under FSDP2 (2 gloo processes): each process writes and
+    reads back its shards, and the run continues bitwise as if never stopped; the folder
+    also reads whole in a plain process (tools, export)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "resume.py"
+    script.write_text(FSDP2_RESUME)
+    root = Path(__file__).resolve().parents[1]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), str(tmp_path)]
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    state = load_checkpoint(tmp_path / "ckpt_00000003.dcp")
+    assert state["step"] == 3 and set(state) >= {"model", "optimizer", "scheduler", "rng"}
+    at_3 = torch.load(tmp_path / "at_3.pt", weights_only=True)
+    assert state["model"].keys() == at_3.keys()
+    assert all(torch.equal(state["model"][name], at_3[name]) for name in at_3)
+    moments = state["optimizer"]["state"]["0.weight"]
+    assert moments["exp_avg"].shape == (8, 6) and moments["step"] == 3

@@ -1,4 +1,6 @@
-"""training.distributed: launcher discovery from torchrun / SLURM variables (no process group)."""
+"""training.distributed: launcher discovery from torchrun / SLURM variables, and what
+`parallelize` and its helpers do in a single process (no process group; the 2-process
+ddp/fsdp2 runs are in test_gpt2_fsdp.py and test_training_checkpoint.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import os
 import pytest
 
 from training import distributed
-from training.distributed import DistInfo, init_distributed
+from training.distributed import DistInfo, gradient_sync, init_distributed, is_sharded, parallelize, unsharded
 
 LAUNCH_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SUBMITIT_EXECUTOR")
 
@@ -44,3 +46,17 @@ def test_single_slurm_task_is_not_distributed(monkeypatch):
     monkeypatch.setenv("SLURM_PROCID", "0")
     monkeypatch.setenv("SLURM_NTASKS", "1")
     assert init_distributed("cpu").world_size == 1
+
+
+def test_one_process_trains_the_model_itself_and_accumulates_gradients():
+    import torch
+
+    model = torch.nn.Linear(3, 2)
+    train_model = parallelize(model, "ddp", info=DistInfo(), device=torch.device("cpu"))
+    assert train_model is model and not is_sharded(model)
+    assert unsharded(model, build=lambda: pytest.fail("a whole model is not rebuilt")) is model
+    x = torch.ones(1, 3)
+    for last in (False, True):
+        with gradient_sync(train_model, last):
+            train_model(x).sum().backward()
+    assert torch.equal(model.weight.grad, torch.full((2, 3), 2.0))

@@ -1,4 +1,14 @@
-"""Distributed data parallel set-up from `torchrun` or SLURM environment variables.
+"""Distributed training: the process group from `torchrun` or SLURM environment variables, and
+the two ways a pipeline spreads its model over the processes (`parallelize`).
+
+* `ddp`: every process holds the whole model; `DistributedDataParallel` averages gradients.
+* `fsdp2`: `torch.distributed.fsdp.fully_shard` on each transformer block and on the root:
+  parameters, gradients and optimizer state become DTensors of which each process holds one
+  shard; the forward pass all-gathers a block's weights, the backward reduce-scatters its
+  gradients. Same arithmetic as DDP (the all-gathered weights are bitwise the whole ones), so
+  a run equals DDP's up to the rounding of the gradient-norm clip. Checkpoints go through
+  `torch.distributed.checkpoint` (`training.checkpoint`); evaluation and pruning gather the
+  whole weights into a plain copy (`unsharded`).
 
 Launchers understood, in this order:
 * `torchrun` (or anything that exports RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR);
@@ -10,12 +20,17 @@ With none of them, or a single task, the run is a plain single process.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import random
+import sys
+from typing import Callable, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
+
+STRATEGIES = ("ddp", "fsdp2")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,3 +119,75 @@ def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         tensor /= dist.get_world_size()
     return tensor
+
+
+def parallelize(
+    model: torch.nn.Module,
+    strategy: str,
+    *,
+    info: DistInfo,
+    device: torch.device,
+    compile: bool = False,
+    blocks: Iterable[torch.nn.Module] = (),
+) -> torch.nn.Module:
+    """The module the training loop calls, `model` spread over the processes as `strategy` says.
+
+    `ddp`: `model` (compiled if `compile`), in `DistributedDataParallel` when there are several
+    processes; `model` itself keeps the whole weights. `fsdp2`: `fully_shard` on each of
+    `blocks`, then on `model`, in place: its parameters become DTensor shards, so build the
+    optimizer after this call."""
+    if strategy == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh(device.type, (info.world_size,))
+        for block in blocks:
+            fully_shard(block, mesh=mesh)
+        return fully_shard(model, mesh=mesh)
+    train_model = torch.compile(model) if compile else model
+    if info.enabled:
+        from torch.nn.parallel import DistributedDataParallel
+
+        train_model = DistributedDataParallel(train_model, device_ids=[device.index] if device.type == "cuda" else None)
+    return train_model
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    """Whether `model`'s parameters are DTensor shards (FSDP2)."""
+    tensor = sys.modules.get("torch.distributed.tensor")  # not imported: no DTensor exists (its import takes seconds)
+    return tensor is not None and any(isinstance(p, tensor.DTensor) for p in model.parameters())
+
+
+@contextlib.contextmanager
+def gradient_sync(train_model: torch.nn.Module, enabled: bool) -> Iterator[None]:
+    """Reduce the gradients over the processes in this backward pass, or (`enabled=False`, a
+    gradient-accumulation micro-batch but the last) only accumulate them locally: DDP's
+    `no_sync`, FSDP2's `set_requires_gradient_sync`. Nothing to do in a single process."""
+    if enabled or not dist.is_initialized():
+        yield
+    elif hasattr(train_model, "set_requires_gradient_sync"):  # FSDP2
+        train_model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            train_model.set_requires_gradient_sync(True)
+    else:
+        with train_model.no_sync():
+            yield
+
+
+def unsharded(model: torch.nn.Module, build: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+    """`model` with its whole weights on every process, for evaluation and pruning: `model`
+    itself unless FSDP2 shards it; then a plain `build()` holding the all-gathered weights
+    (a collective: every process calls it). Building draws no random numbers from the run's
+    generators."""
+    if not is_sharded(model):
+        return model
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    device = next(iter(weights.values())).device
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        whole = build()
+    whole.load_state_dict(weights)
+    return whole

@@ -42,13 +42,14 @@ from training.checkpoint import (
     resolve_resume,
     restore_training_state,
     save_checkpoint,
+    step_checkpoint,
     training_state,
 )
 from training.config import ConfigError, RunError
-from training.distributed import barrier, broadcast_object, init_distributed, shutdown_distributed
+from training.distributed import barrier, broadcast_object, init_distributed, is_sharded, shutdown_distributed
 from training.env import autocast_dtype, device_type, seed_everything, select_device
-from training.preemption import PreemptionGuard
 from training.no_effect import NO_EFFECT
+from training.preemption import PreemptionGuard
 from training.run_log import FAILED_FILE, RunLogger, git_commit, write_json_atomic
 
 NON_FINITE_EXIT_CODE = 4  # a run stopped by a non-finite loss (preemption's is 3)
@@ -246,7 +247,7 @@ class Run:
         path = resolve_resume(self.cfg.resume, self.run_dir)
         state = None
         if path is not None:
-            state = load_checkpoint(path, map_location=self.device)
+            state = load_checkpoint(path, map_location=self.device, weights=not is_sharded(model))  # FSDP2: read below
             ignore = NO_EFFECT + tuple(may_change) + ("resume_override", *overrides)
             differences = config_differences(state["config"], self.config, ignore=ignore)
             if differences:
@@ -263,7 +264,7 @@ class Run:
                 if (old := _dotted(state["config"], key)) != (new := _dotted(self.config, key))
             }
             state = restore_training_state(
-                state, model=model, optimizer=optimizer, scheduler=scheduler, generators=generators
+                state, model=model, optimizer=optimizer, scheduler=scheduler, generators=generators, path=path
             )
             self.elapsed_before = state.get("elapsed_s", 0.0)
             self.resume_overrides = list(state.get("resume_overrides", []))
@@ -296,14 +297,17 @@ class Run:
             raise NonFiniteLossError(
                 f"the weights are not finite at step {step}; no checkpoint written. {self._recovery_hint()}"
             )
+        sharded = is_sharded(model)  # FSDP2: every process writes its shards (a DCP folder)
+        path = checkpoint_path(self.run_dir, step, sharded=sharded)
         if self.is_main:
-            path = checkpoint_path(self.run_dir, step)
             self.log.checkpoint(path, step=step)  # before the file: a resume from it always finds its marker
+        if self.is_main or sharded:
             state = training_state(
                 **self._tracked, step=step, config=self.config, elapsed_s=self.elapsed_s,
                 resume_overrides=self.resume_overrides, **extra,
             )  # fmt: skip
             save_checkpoint(state, path)
+        if self.is_main:
             prune_old_checkpoints(self.run_dir, keep=self.cfg.train.keep_checkpoints)
         barrier()
 
@@ -328,9 +332,9 @@ class Run:
         set aside as `*.pt.diverged` (kept, but never resumed from), so the last good
         checkpoint is the newest one left."""
         if not math.isfinite(loss):
-            diverged = checkpoint_path(self.run_dir, step - 1)
+            diverged = step_checkpoint(self.run_dir, step - 1)
             note = ""
-            if self.is_main and diverged.exists():
+            if self.is_main and diverged is not None:
                 diverged.rename(diverged.with_name(diverged.name + ".diverged"))
                 note = f"{diverged.name} holds the weights that gave it: kept as {diverged.name}.diverged. "
             barrier()

@@ -13,6 +13,7 @@ from omegaconf import MISSING, DictConfig
 import pruning
 
 from training.config import ConfigError, RunConfig, check_known_keys, require, validate_run, validate_sparsities
+from training.distributed import STRATEGIES
 from training.optim import check_optimizer
 from training.presets import register_help
 
@@ -83,6 +84,7 @@ class ExportConfig:
 @dataclasses.dataclass
 class GPT2RunConfig(RunConfig):
     eval_split: str = MISSING  # validation | test: the split of the final perplexities (periodic ones: validation)
+    distributed: str = MISSING  # ddp | fsdp2 (training.distributed.parallelize)
     data: LMDataConfig = MISSING
     train: LMTrainConfig = MISSING
     eval: LMEvalConfig = MISSING
@@ -108,6 +110,14 @@ def validate(cfg: DictConfig, *, world_size: int) -> None:
     check_known_keys(cfg.model, GPT2ModelConfig, prefix="model.")
     validate_run(cfg)
     m, t = cfg.model, cfg.train
+    require(cfg.distributed in STRATEGIES, f"distributed={cfg.distributed!r} is unknown; use {' or '.join(STRATEGIES)}")
+    if cfg.distributed == "fsdp2":
+        require(
+            world_size > 1,
+            "distributed=fsdp2 shards the model over processes and this run has one; launch it with "
+            "torchrun --nproc_per_node=N (N >= 2), or use distributed=ddp",
+        )
+        require(not cfg.compile, "compile=true is not supported with distributed=fsdp2; use compile=false or distributed=ddp")
     for key in ("n_layer", "n_head", "n_embd", "n_positions"):
         require(m[key] > 0, f"model.{key}={m[key]} must be positive")
     require(m.n_embd % m.n_head == 0, f"model.n_embd={m.n_embd} must be divisible by model.n_head={m.n_head}")

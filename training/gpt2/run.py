@@ -7,18 +7,16 @@ non-finite guard) is `training.runner.Run`.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
-from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 import pruning
-from training.distributed import all_reduce_mean
+from training.distributed import all_reduce_mean, gradient_sync, parallelize, unsharded
 from training.env import autocast, peak_flops
 from training.export import export_gpt2
 from training.gpt2.config import validate
@@ -50,7 +48,12 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
         check_run_vocabulary(r.run_dir, data.vocabulary)
     batches = RandomWindows(train_tokens, context=context, seed=cfg.seed)
 
-    model = build_model(cfg.model, vocab_size=data.vocab_size).to(device)
+    def build() -> torch.nn.Module:
+        return build_model(cfg.model, vocab_size=data.vocab_size).to(device)
+
+    model = build()
+    # ddp: `train_model` wraps `model`; fsdp2: both are `model`, its weights sharded in place (before the optimizer).
+    train_model = parallelize(model, cfg.distributed, info=dist, device=device, compile=cfg.compile, blocks=model.transformer.h)
     prunable = pruning.prunable_parameters(model, cfg.prune.preset)
     optimizer = build_optimizer(cfg.optimizer, model, lr=t.lr, prunable_names=prunable.keys())
     scheduler = build_lr_scheduler(
@@ -63,9 +66,6 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
     step, train_loss = (state["step"], state["train_loss"]) if state else (0, float("nan"))
     step_loss = torch.full((), train_loss, device=device)  # the last update's loss, all-reduced, on the device
 
-    train_model = torch.compile(model) if cfg.compile else model
-    if dist.enabled:
-        train_model = DistributedDataParallel(train_model, device_ids=[device.index] if device.type == "cuda" else None)
     accum = t.batch_size // (t.micro_batch_size * dist.world_size)
     tokens_per_step = t.batch_size * context
     flops = flops_per_token(model, context) * tokens_per_step
@@ -88,8 +88,7 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
         loss_sum = torch.zeros((), device=device)
         for micro in range(accum):
             x, y = batches.batch(offsets[micro], device)
-            sync = not dist.enabled or micro == accum - 1
-            with contextlib.nullcontext() if sync else train_model.no_sync():
+            with gradient_sync(train_model, micro == accum - 1):
                 with autocast(device, r.dtype):
                     logits = train_model(x).logits
                 loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
@@ -124,7 +123,7 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
             bar.set_postfix(loss=f"{train_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_step / seconds:,.0f}", refresh=False)
         bar.update()
         if t.eval_interval and (step % t.eval_interval == 0 or step == t.max_steps):
-            val = evaluate(model, max_windows=t.eval_windows)
+            val = evaluate(unsharded(model, build), max_windows=t.eval_windows)
             r.log.log({"val/loss": val["loss"], "val/ppl": val["ppl"]}, step=step)
             bar.write(f"step {step}: val loss {val['loss']:.4f} (ppl {val['ppl']:.2f}, {val['tokens']} tokens)")
         if (t.checkpoint_interval and step % t.checkpoint_interval == 0) or step == t.max_steps:
@@ -132,6 +131,8 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
         elif (not dist.enabled or step % max(t.log_interval, 1) == 0) and r.preempted():  # a collective under DDP
             r.exit_for_requeue(step=step, bar=bar, train_loss=step_loss.item())
     bar.close()
+    model = unsharded(model, build)  # fsdp2: the whole weights, in a plain model on every process
+    prunable = pruning.prunable_parameters(model, cfg.prune.preset)
 
     # The trained dense model's weight distribution (the paper's AdamW vs HORST figure).
     counts, edges = pruning.magnitude_histogram(prunable, bins=100, log=True)
@@ -200,6 +201,7 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
                 "final_train_loss": step_loss.item(),
                 "wall_time_s": r.elapsed_s,
                 "world_size": dist.world_size,
+                "distributed": cfg.distributed,
                 "device": str(device),
             },
             "seed": cfg.seed,
