@@ -21,15 +21,16 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,pipelines]'
 	touch $(STAMP)
 
-# The embedded study at one seed (<= 15 min on 2 cores): results/demo/
+# The demo: configs/study/demo_*.yaml, one seed of AdamW, HAM and HORST (<= 15 min on 2 cores): results/demo/
 demo: $(STAMP)
 	$(PY) scripts/embedded_study.py --demo
 
-# The embedded study: 5 seeds, paired statistics, the paper's claims at this scale (~1.5 h on 2 cores): results/embedded/
+# The embedded study: configs/study/embedded_*.yaml through Hydra's multirun, resumable from
+# results/embedded/runs.csv; refuses a dirty tree and runs of other code: results/embedded/
 study: $(STAMP)
 	$(PY) scripts/embedded_study.py
 
-# Rerun one committed cell of each pipeline and compare with results/embedded/runs.csv
+# Rerun seed 0 of one cell per pipeline and compare with results/embedded/runs.csv
 check-results: $(STAMP)
 	$(PY) scripts/embedded_study.py --check
 

@@ -1,161 +1,160 @@
-"""scripts/embedded_study.py: its plan, that every multirun command composes, and a real
-tiny study (two pipelines, real Hydra multiruns in subprocesses) that resumes, reports
-progress, lists a failed cell, and writes runs.csv, the report and the README."""
+"""analysis.study and scripts/embedded_study.py: the study's jobs composed from its presets and
+arms, multiruns for what is missing, stale runs and runs of other code refused, a dirty tree
+refused, the "add an arm" recipe, and a tiny study run, resumed from its record, and refused
+when its settings change."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import pandas as pd
 import pytest
+import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("embedded_study", REPO / "scripts" / "embedded_study.py")
-study = importlib.util.module_from_spec(_spec)
-sys.modules["embedded_study"] = study  # dataclasses look their module up by name
-_spec.loader.exec_module(study)
+from analysis import claims, report, runs, study
 
-TINY_VIT = ("train.epochs=4", "train.warmup_epochs=1", "acdc.dense_warmup=1", "acdc.compressed=1", "acdc.decompressed=1",
-            "acdc.final_decompressed=1", "acdc.final_compressed=1")  # fmt: skip
-TINY_GPT2 = ("model=gpt2_nano", "train.max_steps=4", "train.warmup_steps=1", "train.batch_size=2", "train.micro_batch_size=2",
-             "train.eval_interval=0", "eval.max_windows=8", "prune.sparsities=[0.0,0.5,0.9]", "prune.calibration_windows=2")  # fmt: skip
+ROOT = Path(__file__).resolve().parents[1]
+TINY_VIT = ["train.epochs=5", "train.warmup_epochs=1", "train.batch_size=256", "acdc.dense_warmup=1", "acdc.compressed=1",
+            "acdc.decompressed=1", "acdc.final_decompressed=1", "acdc.final_compressed=2"]  # fmt: skip
 
 
-def test_plan_of_the_study_and_of_the_demo():
-    groups = study.plan(study.STUDY["optimizers"], study.STUDY["sparsities"], ablations=True)
-    names = [g.name for g in groups]
-    assert names[:6] == ["gpt2/adamw", "gpt2/ham", "gpt2/horst", "gpt2/horst_sm", "gpt2/horst_prunable",
-                         "gpt2/adamw_decay"]  # the long runs first
-    assert "vit/horst_sm/s0.98" in names and "vit/horst_reset/s0.9" in names and "gpt2/horst_prunable" in names
-    assert {"vit/adamw_decay/s0.9", "vit/adamw_decay/s0.995", "gpt2/adamw_decay"} <= set(names)
-    assert len(groups) == 4 + 4 * 6 + 2 + 3
-    demo = study.plan(study.DEMO["optimizers"], study.DEMO["sparsities"], ablations=False)
-    assert len(demo) == 3 + 3 * 6 and not any("horst_sm" in g.name or "reset" in g.name for g in demo)
+@pytest.fixture(scope="module")
+def demo_jobs() -> list[study.Job]:
+    return study.plan(["demo_vit", "demo_gpt2"])
 
 
-def test_command_of_a_group(tmp_path: Path):
-    group = study.Group("vit", "horst_sm", study.VARIANTS["horst_sm"], 0.95)
-    command = group.command(tmp_path / "runs", [2, 3, 4])
-    assert command[:3] == ["python", "train_vit.py", "-m"]
-    for override in ("optimizer=horst", "optimizer.order=sm", "acdc.sparsity=0.95", "cpu_threads=1", "seed=2,3,4",
-                     f"hydra.sweep.dir={tmp_path / 'runs' / 'vit' / 'horst_sm' / 's0.95'}", "hydra.sweep.subdir=seed${seed}"):  # fmt: skip
-        assert override in command, override
+def test_the_demo_is_every_arm_x_sparsity_x_seed_with_its_label(demo_jobs):
+    vit = [j for j in demo_jobs if j.pipeline == "vit"]
+    assert len(vit) == 18 and len(demo_jobs) == 21
+    job = next(j for j in vit if j.overrides == ("+arm=horst", "acdc.sparsity=0.9"))
+    assert job.run == "outputs/demo/vit/horst/s0.9/seed0"
+    assert (job.config["arm"], job.config["optimizer"]["name"], job.config["eval_split"]) == ("horst", "horst", "test")
+    assert len({j.signature for j in vit}) == 3  # a cell is an arm: sparsity and seed tell its runs apart
 
 
-def test_the_decay_matched_adamw_shrinks_weights_as_hard_as_horst(tmp_path: Path):
-    """`adamw_decay`'s weight decay is weight decay + beta of the pipeline's HORST, as each
-    pipeline composes them (tuned values included): retuning HORST must update the control."""
-    import plan
-
-    for (pipeline, variant), (overrides, sparsities) in study.ABLATIONS.items():
-        if variant != "adamw_decay":
-            continue
-        entry = plan.load_entry(REPO / study.SCRIPTS[pipeline])
-        optimizer = {}
-        for name, arguments in (("horst", study.VARIANTS["horst"]), (variant, overrides)):
-            group = study.Group(pipeline, name, arguments, sparsities[0])
-            _, (cell,) = plan.expand(entry, group.arguments(tmp_path, [0]))
-            optimizer[name] = cell.config.optimizer
-        assert optimizer[variant].name == "adamw"
-        horst = optimizer["horst"]
-        assert optimizer[variant].weight_decay == pytest.approx(horst.weight_decay + horst.beta), pipeline
+def test_the_control_decays_as_hard_as_the_horst_it_controls(job_configs, compose):
+    """adamw_decay's weight decay is HORST's decay + beta as tuned for that pipeline, interpolated:
+    retuning HORST's beta moves the control with it (no copied number)."""
+    for pipeline in ("vit", "gpt2"):
+        control, horst = job_configs[(pipeline, "adamw_decay")], job_configs[(pipeline, "horst")]["optimizer"]
+        assert control["optimizer"]["weight_decay"] == pytest.approx(horst["weight_decay"] + horst["beta"])
+        assert control["optimizer"]["name"] == "adamw" and control["arm"] == "adamw_decay"
+    moved = compose("train_vit", ["+arm=adamw_decay", "tuned.horst.beta=0.5"])
+    assert moved["optimizer"]["weight_decay"] == pytest.approx(job_configs[("vit", "horst")]["optimizer"]["weight_decay"] + 0.5)
 
 
-@pytest.mark.slow  # composes 30 configs in subprocesses (~3 min of CPU)
-def test_every_planned_command_composes(tmp_path: Path):
-    """Hydra accepts every multirun's overrides (`--cfg job` composes, runs nothing)."""
-    for group in study.plan(study.STUDY["optimizers"], study.STUDY["sparsities"], ablations=True):
-        command = [arg for arg in group.command(tmp_path, [0], python=sys.executable) if arg != "-m"]
-        result = subprocess.run([*command, "--cfg", "job"], cwd=REPO, capture_output=True, text=True, timeout=120)
-        assert result.returncode == 0, (group.name, result.stderr[-2000:])
+def test_multiruns_are_the_whole_sweep_or_the_missing_cells(demo_jobs):
+    assert study.multiruns(demo_jobs) == [("demo_gpt2", []), ("demo_vit", [])]
+    missing = [j for j in demo_jobs if j.pipeline == "vit" and "+arm=ham" in j.overrides][:2]
+    assert study.multiruns(missing) == [("demo_vit", ["+arm=ham", "acdc.sparsity=0.8", "seed=0"]),
+                                        ("demo_vit", ["+arm=ham", "acdc.sparsity=0.9", "seed=0"])]  # fmt: skip
+    assert study.command("demo_vit", ["+arm=ham", "seed=0"], ["+arm=adamw", "train.epochs=5"]) == [
+        "python", "train_vit.py", "-m", "+study=demo_vit", "+arm=ham", "seed=0", "train.epochs=5"]
 
 
-def tiny(monkeypatch) -> None:
-    monkeypatch.setitem(study.SETTINGS, "vit", (*study.SETTINGS["vit"], *TINY_VIT))
-    monkeypatch.setitem(study.SETTINGS, "gpt2", (*study.SETTINGS["gpt2"], *TINY_GPT2))
+def test_a_stale_run_is_named_with_the_keys_that_differ(tmp_path, demo_jobs, write_run):
+    job = demo_jobs[0]
+    old = json.loads(json.dumps(job.config))
+    old["train"]["epochs"] = 7
+    write_run(tmp_path / "run", old, 0.9)
+    frame = runs.scan([tmp_path]).frame.assign(run=job.run)
+    lines = study.stale([job], frame, {job.run: tmp_path / "run"})
+    assert lines == [f"{job.run}: train.epochs: 7 -> {job.config['train']['epochs']}"]
+    assert study.stale([job], frame.assign(signature=job.signature), {}) == []
 
 
-def test_tiny_study_runs_and_resumes(tmp_path: Path, monkeypatch, capsys):
-    """Two real multiruns of one seed each (tiny settings) side by side, then the same call
-    again, which runs nothing and writes the same report, then once more after a setting
-    changed, which is refused."""
-    tiny(monkeypatch)
-    argv = ["--seeds", "1", "--optimizers", "adamw", "--sparsities", "0.9", "--no-ablations", "--runs-dir",
-            str(tmp_path / "runs"), "--out", str(tmp_path / "out")]  # fmt: skip
-    assert study.main(argv) == 0
-    printed = capsys.readouterr().out
-    assert "2 of 2 runs to do, in 2 multiruns, 2 at a time" in printed
-    assert "gpt2/adamw/seed0: perplexity" in printed and "vit/adamw/s0.9/seed0: top-1" in printed
-    table = pd.read_csv(tmp_path / "out" / "runs.csv")
-    assert list(table.state) == ["finished", "finished"] and (table.threads == 1).all()
-    assert {"claims.md", "paired.md", "pruners.md", "tables.md", "README.md"} <= {p.name for p in (tmp_path / "out").iterdir()}
-    report = (tmp_path / "out" / "tables.md").read_text()
-
-    # A run of another plan left in the runs folder (here a copy at a sparsity not asked for,
-    # which would also be a second seed-0 run of the same cell) stays out of the report.
-    shutil.copytree(tmp_path / "runs" / "vit" / "adamw" / "s0.9", tmp_path / "runs" / "vit" / "adamw" / "s0.8")
-    assert study.main(argv) == 0
-    assert "0 of 2 runs to do" in capsys.readouterr().out
-    assert (tmp_path / "out" / "tables.md").read_text() == report
-    assert "none used" not in (tmp_path / "out" / "paired.md").read_text()
-
-    # A finished run made with other settings than the code now composes is refused, named
-    # with its differing key, and neither rerun nor reported.
-    finished = (tmp_path / "runs" / "gpt2" / "adamw" / "seed0" / "summary.json").stat().st_mtime
-    monkeypatch.setitem(study.SETTINGS, "gpt2", (*study.SETTINGS["gpt2"], "train.max_steps=5"))
-    assert study.main(argv) == 2
-    printed = capsys.readouterr()
-    assert "error: 1 finished run(s)" in printed.err and "gpt2/adamw/seed0: train.max_steps: 4 -> 5" in printed.err
-    assert "runs to do" not in printed.out
-    assert (tmp_path / "runs" / "gpt2" / "adamw" / "seed0" / "summary.json").stat().st_mtime == finished
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
 
 
-@pytest.mark.slow  # ~80 s: eight tiny runs in subprocesses
-def test_tiny_study_resumes_lists_failures_and_checks(tmp_path: Path, monkeypatch, capsys):
-    """Two real multiruns of two seeds each (tiny settings), then the same call again, then
-    `--check` on the result and on a tampered runs.csv."""
-    tiny(monkeypatch)
-    runs, out = tmp_path / "runs", tmp_path / "out"
-    argv = ["--seeds", "2", "--optimizers", "adamw", "--sparsities", "0.9", "--no-ablations", "--runs-dir", str(runs),
-            "--out", str(out)]  # fmt: skip
-    # A cell that failed earlier is reported, not rerun.
-    (runs / "vit" / "adamw" / "s0.9" / "seed1").mkdir(parents=True)
-    (runs / "vit" / "adamw" / "s0.9" / "seed1" / "failed.json").write_text(json.dumps({"reason": "non-finite loss"}))
-    assert study.main(argv) == 1
-    printed = capsys.readouterr().out
-    assert "3 of 4 runs to do, in 2 multiruns" in printed
-    assert "gpt2/adamw/seed0: perplexity" in printed and "vit/adamw/s0.9/seed0: top-1" in printed
-    assert "not finished:" in printed and "seed1 (failed)" in printed
-    table = pd.read_csv(out / "runs.csv")
-    assert list(table.state) == ["finished", "finished", "finished", "failed"]
-    assert (table.threads.dropna() == 1).all() and table.top1.notna().sum() == 1 and table.ppl_dense.notna().sum() == 2
-    readme = (out / "README.md").read_text()
-    assert "python scripts/embedded_study.py --seeds 2" in readme and "| vit/adamw/s0.9 | `python train_vit.py -m" in readme
-    assert "every run on 1 torch thread" in readme
-    first = (runs / "gpt2" / "adamw" / "seed0" / "summary.json").stat().st_mtime
-
-    assert study.main(argv) == 1  # resumed: nothing left to run but the failed cell, which is not retried
-    assert "0 of 4 runs to do" in capsys.readouterr().out
-    assert (runs / "gpt2" / "adamw" / "seed0" / "summary.json").stat().st_mtime == first
-
-    # --check reruns a committed cell: identical on this machine; a tampered number is caught.
-    monkeypatch.setattr(study, "CHECKED", (("vit", "adamw", 0.9), ("gpt2", "adamw", None)))
-    assert study.main([*argv, "--check"]) == 0
-    printed = capsys.readouterr().out
-    assert printed.count(": identical") == 3 and "vit/adamw/s0.9 seed 0: rerunning" in printed
-    table = pd.read_csv(out / "runs.csv")
-    table.loc[table.pipeline == "vit", "top1"] += 0.01
-    table.to_csv(out / "runs.csv", index=False)
-    assert study.main([*argv, "--check"]) == 1
-    assert "top1: committed" in (printed := capsys.readouterr().out) and "OUT OF TOLERANCE" in printed
+def test_provenance_refuses_dirty_trees_and_runs_of_other_code(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "horst").mkdir(parents=True)
+    (repo / "horst" / "step.py").write_text("a = 1\n")
+    _git(repo, "init", "-q")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "add", ".")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "a")
+    first = _git(repo, "rev-parse", "HEAD")
+    (repo / "horst" / "step.py").write_text("a = 2\n")
+    with pytest.raises(study.StudyError, match="uncommitted changes .*horst/step.py"):
+        study.check_clean(repo)
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "b")
+    second = _git(repo, "rev-parse", "HEAD")
+    (repo / "README.md").write_text("docs only\n")
+    (repo / "results").mkdir()
+    (repo / "results" / "runs.csv").write_text("a study's record, written while it runs\n")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "add", "README.md")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
+    study.check_clean(repo)  # results/ is the study's own output
+    study.check_provenance([second, _git(repo, "rev-parse", "HEAD")], repo)  # same code: a README changed
+    with pytest.raises(study.StudyError, match=rf"{first[:12]}: its code differs from HEAD's in 1 file\(s\): horst/step.py"):
+        study.check_provenance([first, second], repo)
+    with pytest.raises(study.StudyError, match="-dirty: ran from a tree with uncommitted changes"):
+        study.check_provenance([second + "-dirty"], repo)
 
 
-@pytest.mark.slow  # reruns two cells of the committed study at full size (~5 min on 2 cores)
-def test_committed_study_cells_rerun_within_tolerance(capsys):
-    assert (REPO / "results" / "embedded" / "runs.csv").is_file(), "the study's results are committed"
-    assert study.main(["--check"]) == 0, capsys.readouterr().out
+def test_add_an_arm_recipe(tmp_path, write_run):
+    """docs/design.md §5's recipe, followed: (1) a file configs/arm/<name>.yaml that chooses the
+    optimizer, sets its values and records `arm: <name>`; (2) its name in the preset's `+arm`;
+    (3) where it is to be compared, a line in analysis/claims.yaml's `comparisons`."""
+    configs = tmp_path / "configs"
+    shutil.copytree(ROOT / "configs", configs)
+    (configs / "arm" / "horst_alpha1.yaml").write_text(
+        "# @package _global_\n# HORST at alpha 1.\ndefaults:\n  - override /optimizer: horst\n\n"
+        "arm: horst_alpha1\noptimizer:\n  alpha: 1.0\n")  # fmt: skip
+    preset = configs / "study" / "demo_vit.yaml"
+    spec = yaml.safe_load(preset.read_text())
+    spec["hydra"]["sweeper"]["params"]["+arm"] += ",horst_alpha1"
+    preset.write_text("# @package _global_\n" + yaml.safe_dump(spec, sort_keys=False))
+    rules = claims.load_rules()
+    rules["comparisons"]["vit"].append(["horst_alpha1", "horst"])
+
+    jobs = [j for j in study.plan(["demo_vit"], configs=configs) if "acdc.sparsity=0.9" in j.overrides]
+    new = next(j for j in jobs if j.config["arm"] == "horst_alpha1")
+    assert new.run == "outputs/demo/vit/horst_alpha1/s0.9/seed0" and new.config["optimizer"]["alpha"] == 1.0
+    for job, top1 in ((new, 0.93), (next(j for j in jobs if j.config["arm"] == "horst"), 0.95)):
+        write_run(tmp_path / "runs" / job.run, job.config, top1)
+    frame = runs.scan([tmp_path / "runs"], arms=configs / "arm").frame
+    assert set(frame.arm) == {"horst_alpha1", "horst"}
+    paired = report.comparisons(frame, rules)
+    assert paired[paired["first"] == "horst_alpha1"].estimate.iloc[0] == pytest.approx(-2.0)
+
+
+@pytest.mark.slow  # ~2-4 min: two tiny ViT runs in a clean clone, through the command line
+def test_a_tiny_study_runs_resumes_from_its_record_and_refuses_stale_runs(tmp_path):
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+    env = {"PYTHONPATH": str(clone), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_WAIT_POLICY": "PASSIVE",
+           "PATH": "/usr/bin:/bin"}  # fmt: skip
+    argv = [sys.executable, "scripts/embedded_study.py", "--demo", "--pipeline", "vit", "+arm=adamw,horst",
+            "acdc.sparsity=0.9", *TINY_VIT]  # fmt: skip
+
+    def study_cli(*more: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*argv, *more], cwd=clone, env=env, capture_output=True, text=True, timeout=900)
+
+    first = study_cli()
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "2 of 2 runs to do" in first.stdout and "+study=demo_vit" in first.stdout
+    record = clone / "results" / "demo" / "runs.csv"
+    frame = runs.read_record([record])
+    assert set(frame.run) == {"outputs/demo/vit/adamw/s0.9/seed0", "outputs/demo/vit/horst/s0.9/seed0"}
+    assert set(frame.eval_split) == {"test"} and not frame.git_commit.str.endswith("-dirty").any()
+    written = record.read_text()
+    checked = study_cli("--check")  # make check-results: horst at 90 %, seed 0, rerun into a scratch folder
+    assert checked.returncode == 0, checked.stdout + checked.stderr[-2000:]
+    assert "outputs/demo/vit/horst/s0.9/seed0 top1 acdc unstructured 0.9: committed" in checked.stdout
+
+    shutil.rmtree(clone / "outputs")  # run folders need not outlive the machine: the record is the record
+    again = study_cli()
+    assert again.returncode == 0 and "0 of 2 runs to do" in again.stdout
+    assert record.read_text() == written
+
+    stale = study_cli("train.epochs=6", "acdc.final_compressed=3")
+    assert stale.returncode == 1 and "2 finished run(s) were made with other settings" in stale.stderr
+
+    (clone / "horst" / "__init__.py").write_text((clone / "horst" / "__init__.py").read_text() + "\n# edited\n")
+    dirty = study_cli()
+    assert dirty.returncode == 1 and "the working tree has uncommitted changes" in dirty.stderr

@@ -91,6 +91,24 @@ def test_bad_settings_are_one_config_error(change, message):
         build_optimizer(_cfg("horst", **change), Tiny(), lr=1e-3)
 
 
+def test_a_name_that_is_not_the_class_is_refused_in_one_line(tmp_path):
+    """`optimizer.name` labels every record and table, so it must be the class's (issue 22: `name=sgd`
+    over horst.HORST ran HORST and tabled it as sgd); every shipped file passes."""
+    import subprocess
+    import sys
+
+    for kind in CLASSES:
+        build_optimizer(_cfg(kind), Tiny(), lr=1e-3)
+    with pytest.raises(ConfigError, match=r"^optimizer.name=sgd but optimizer._target_=horst.HORST runs HORST"):
+        build_optimizer(_cfg("horst", name="sgd"), Tiny(), lr=1e-3)
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "train_gpt2.py", "optimizer.name=sgd", f"hydra.run.dir={tmp_path / 'run'}"],
+                          cwd=root, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines()[-1].startswith("error: optimizer.name=sgd but optimizer._target_=horst.HORST")
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
 def test_warmup_then_cosine_to_min_lr():
     optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     scheduler = build_lr_scheduler(optimizer, total_steps=12, warmup_steps=2, min_lr=0.1, warmup_lr=0.0)

@@ -53,6 +53,7 @@ class RunConfig:
     cpu_threads: Optional[int] = MISSING  # torch intra-op threads; null: torch's default
     resume: Optional[str] = MISSING  # auto: latest checkpoint in the run folder | never | a path
     resume_override: List[str] = MISSING  # keys whose new values replace the checkpoint's on resume
+    arm: Optional[str] = None  # a study's label of the run (configs/arm/), recorded in config.yaml
 
 
 def check_known_keys(node: Mapping[str, Any], schema: type, *, prefix: str = "") -> None:

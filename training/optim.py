@@ -2,8 +2,10 @@
 
 A node is a Hydra `_target_` with `_partial_: true` (lightning-hydra-template's way): every
 key but `name` and `hyperbolic_params` is a keyword argument of the class, so adding an
-optimizer to the pipelines is one file in `configs/optimizer/`. The class checks its own
-arguments; that is the one place optimizer settings are validated (a bad value or an
+optimizer to the pipelines is one file in `configs/optimizer/`. `name` is the label every table
+and record shows, so it must name the class that runs: the class's name in lower case, underscores
+aside (`horst_lion` for `horst.HORSTLion`); `optimizer.name=sgd` over `horst.HORST` is refused. The
+class checks its own arguments; that is the one place optimizer settings are validated (a bad value or an
 unknown key becomes a one-line `ConfigError`).
 
 Param groups follow the usual transformer recipe: decoupled weight decay on tensors with
@@ -71,6 +73,12 @@ def optimizer_factory(node: Mapping[str, Any]) -> functools.partial:
         factory = instantiate({**settings, "_partial_": True}, _convert_="all")
     except InstantiationException as error:
         raise ConfigError(f"optimizer._target_={settings['_target_']}: {str(error).splitlines()[0]}") from None
+    name, cls = node.get("name"), factory.func.__name__
+    if name is not None and str(name).replace("_", "").lower() != cls.lower():
+        raise ConfigError(
+            f"optimizer.name={name} but optimizer._target_={settings['_target_']} runs {cls}: choose the optimizer "
+            f"with optimizer=<file of configs/optimizer/>, not optimizer.name=; the name is the class's"
+        )
     return factory
 
 

@@ -48,6 +48,7 @@ from training.checkpoint import (
 from training.config import ConfigError, RunError
 from training.distributed import barrier, broadcast_object, init_distributed, is_sharded, shutdown_distributed
 from training.env import autocast_dtype, device_type, seed_everything, select_device
+from training.no_effect import NO_EFFECT
 from training.preemption import PreemptionGuard
 from training.run_log import FAILED_FILE, RunLogger, git_commit, write_json_atomic
 
@@ -60,8 +61,6 @@ _open_run: Run | None = None  # the Run a task started and has not finished: `hy
 # What `resume_override` may change on resume, and how the new value reaches the live objects.
 OVERRIDABLE = ("train.lr", "train.base_lr", "train.min_lr", "optimizer.")
 
-# Settings that may change when a run is continued: they do not change what is trained.
-RESUMABLE_CHANGES = ("resume", "logging", "device", "compile", "cpu_threads")
 
 
 class NonFiniteLossError(RunError):
@@ -229,7 +228,7 @@ class Run:
         """Load the checkpoint `resume` names into the live objects and open the run log.
 
         Returns the checkpoint's other entries (`step` and the pipeline's extras), or None
-        for a fresh start. A checkpoint written with other settings than `RESUMABLE_CHANGES`
+        for a fresh start. A checkpoint written with other settings than `training.no_effect.NO_EFFECT`
         and the pipeline's `may_change` is refused, naming every differing key; `check` adds
         the pipeline's own conditions; `position` says where the run continues.
 
@@ -249,7 +248,7 @@ class Run:
         state = None
         if path is not None:
             state = load_checkpoint(path, map_location=self.device, weights=not is_sharded(model))  # FSDP2: read below
-            ignore = RESUMABLE_CHANGES + tuple(may_change) + ("resume_override", *overrides)
+            ignore = NO_EFFECT + tuple(may_change) + ("resume_override", *overrides)
             differences = config_differences(state["config"], self.config, ignore=ignore)
             if differences:
                 raise CheckpointError(

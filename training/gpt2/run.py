@@ -28,10 +28,9 @@ from training.run_log import optimizer_label
 from training.runner import Run
 from training.schedule import build_lr_scheduler
 
-# May differ when a run is continued: they change what is evaluated or logged, not what is trained.
-MAY_CHANGE_ON_RESUME = ("eval_split", "eval", "prune", "export", "data.dir", "train.log_interval", "train.eval_interval",
-                        "train.eval_windows", "train.checkpoint_interval", "train.keep_checkpoints",
-                        "train.peak_tflops")  # fmt: skip
+# Besides training.no_effect.NO_EFFECT, a continued run may change these: they are read only after
+# training (the final evaluation and pruning rerun), so they change what is measured, not what is trained.
+MAY_CHANGE_ON_RESUME = ("eval_split", "eval", "prune")
 
 
 def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:

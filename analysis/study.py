@@ -1,0 +1,330 @@
+"""A study: the Hydra multiruns its presets define (`configs/study/<study>_<pipeline>.yaml`: arms,
+sparsities, seeds as `hydra.sweeper.params`, the launcher), resumable from its committed record,
+refused where the code or a config changed under its runs, then its results folder.
+
+* **Plan.** Every job of each preset, composed as Hydra composes it (one composition per arm and
+  sparsity: the seed is not in a run's signature): its run folder (`hydra.sweep.dir/subdir`, the
+  run's id in the record) and the signature of its config.
+* **Done.** A job is done when its run is in the record (`results/<study>/runs.csv`) or its folder
+  holds `summary.json`. A done run whose signature differs from its job's is stale: the study stops,
+  naming it (and, from a folder, the keys): a recipe, an arm or a default changed since it ran.
+* **Provenance.** The study refuses to start from a dirty tree (`check_clean`), refuses runs that
+  ran from one (commit `-dirty`), and where its runs span commits, refuses any whose code
+  (`CODE`: horst/, pruning/, training/, configs/) differs from this commit's (`git diff`).
+* **Launch.** The jobs not done go through Hydra's own multirun and the preset's launcher
+  (joblib here, two jobs side by side; `hydra/launcher=slurm` on a cluster): one multirun per
+  preset when nothing is done, else one per set of jobs that forms a sweep.
+* **Report.** The record is rewritten from the runs (folders where present, else the record's
+  rows), and `analysis.report` writes the folder from the runs measured on the presets' split.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import pandas as pd
+import yaml
+
+from analysis.report import write_report
+from analysis.runs import RECORD_COLUMNS, UNRECORDED, NoRunsError, read_record, scan, signature, signature_hash, write_record
+
+REPO = Path(__file__).resolve().parents[1]
+CODE = ("horst", "pruning", "training", "configs")  # what a run's numbers depend on
+PIPELINES = {"vit": "train_vit", "gpt2": "train_gpt2"}
+# make check-results: seed 0 of one arm per pipeline, rerun and compared with the record. On the
+# same machine and thread count a rerun is identical (fixed summation order); elsewhere within
+# these tolerances, far below the seed-to-seed spread: top-1 in points, perplexity relative.
+CHECKED = {"vit": {"arm": "horst", "sparsity": 0.9}, "gpt2": {"arm": "horst"}}
+TOLERANCE = {"top1": ("absolute", 0.6), "ppl": ("relative", 0.01)}
+
+
+class StudyError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Job:
+    pipeline: str
+    preset: str
+    overrides: tuple[str, ...]  # the job's sweep overrides without the seed, e.g. ("+arm=horst", "acdc.sparsity=0.9")
+    seed: int
+    run: str  # its folder, relative to the repository: the run's id in the record
+    sweep_dir: str
+    signature: str
+    config: dict  # the composed job config (hydra node aside), for naming what a stale run differs in
+
+
+def _git(*args: str, repo: Path = REPO) -> str:
+    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout
+
+
+def check_clean(repo: Path = REPO) -> None:
+    """Refuse a tree with changes outside results/: every number must come from a commit."""
+    changed = _git("status", "--porcelain", "--", ".", ":(exclude)results", repo=repo).splitlines()
+    if changed:
+        raise StudyError(f"the working tree has uncommitted changes ({len(changed)} files, e.g. {changed[0][3:]}): "
+                         "commit or stash them, so every run records a commit that holds its code")  # fmt: skip
+
+
+def check_provenance(commits: Sequence[str], repo: Path = REPO) -> None:
+    """Refuse runs from a dirty tree, and runs whose commit's code differs from HEAD's in CODE."""
+    head = _git("rev-parse", "HEAD", repo=repo).strip()
+    problems = []
+    for commit in sorted(set(commits)):
+        if commit.endswith("-dirty"):
+            problems.append(f"{commit[:12]}-dirty: ran from a tree with uncommitted changes (its code is not recorded)")
+            continue
+        try:
+            files = _git("diff", "--name-only", commit, head, "--", *CODE, repo=repo).split()
+        except subprocess.CalledProcessError:
+            problems.append(f"{commit[:12]}: not a commit of this repository")
+            continue
+        if files:
+            problems.append(f"{commit[:12]}: its code differs from HEAD's in {len(files)} file(s): {', '.join(files[:5])}")
+    if problems:
+        raise StudyError("the study's runs did not all run this commit's code; rerun them (delete their rows of "
+                         "runs.csv and their folders) or check out their commit:\n  " + "\n  ".join(problems))  # fmt: skip
+
+
+def _preset(name: str, configs: Path = REPO / "configs") -> dict[str, Any]:
+    path = configs / "study" / f"{name}.yaml"
+    if not path.is_file():
+        raise StudyError(f"no study preset {path}")
+    return yaml.safe_load(path.read_text())
+
+
+def sweep(params: dict[str, Any]) -> list[list[str]]:
+    """The jobs of `hydra.sweeper.params`, as Hydra's basic sweeper expands them (a,b,c; range())."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()])
+    choices = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
+               else [f"{o.get_key_element()}={o.get_value_element_as_str()}"] for o in parsed]  # fmt: skip
+    return [list(job) for job in itertools.product(*choices)]
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def _params(preset: str, extra: Sequence[str], configs: Path) -> dict[str, Any]:
+    """The preset's sweep with the command line's overrides of its keys in place, as Hydra merges them."""
+    params = _preset(preset, configs)["hydra"]["sweeper"]["params"]
+    replaced = {_key(o): o.split("=", 1) for o in extra}
+    return {(replaced[_key(k)][0] if _key(k) in replaced else k): (replaced[_key(k)][1] if _key(k) in replaced else v)
+            for k, v in params.items()}  # fmt: skip
+
+
+def plan(presets: Sequence[str], extra: Sequence[str] = (), *, configs: Path = REPO / "configs") -> list[Job]:
+    """Every job of the presets (`<study>_<pipeline>`), composed from `configs`."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf, open_dict
+
+    from training.gpt2.config import register_configs as register_gpt2
+    from training.vit.config import register_configs as register_vit
+
+    register_vit(), register_gpt2()
+    jobs = []
+    for preset in presets:
+        pipeline = preset.rsplit("_", 1)[-1]
+        params = _params(preset, extra, configs)
+        rest = [o for o in extra if _key(o) not in {_key(k) for k in params}]
+        by_cell: dict[tuple[str, ...], list[int]] = defaultdict(list)
+        for job in sweep(params):
+            seeds = [o for o in job if o.startswith("seed=")]
+            by_cell[tuple(o for o in job if not o.startswith("seed="))] += [int(s.split("=", 1)[1]) for s in seeds]
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(str(configs), version_base=None):
+            for overrides, seeds in by_cell.items():
+                config = compose(PIPELINES[pipeline], [f"+study={preset}", *overrides, *rest], return_hydra_config=True)
+                HydraConfig.instance().set_config(config)
+                for seed in seeds:
+                    with open_dict(config):
+                        config.seed = seed
+                    folder = Path(config.hydra.sweep.dir) / str(config.hydra.sweep.subdir)
+                    job = OmegaConf.to_container(config, resolve=True)
+                    del job["hydra"]
+                    jobs.append(Job(pipeline, preset, overrides, seed, str(folder), str(config.hydra.sweep.dir),
+                                    signature_hash(job), job))  # fmt: skip
+        GlobalHydra.instance().clear()
+    return jobs
+
+
+def runs_of(jobs: Sequence[Job], record: Path) -> tuple[pd.DataFrame, dict[str, Path]]:
+    """The planned jobs' runs: from their folders where they finished, else from the record."""
+    dirs = [d for d in sorted({REPO / j.sweep_dir for j in jobs}) if d.is_dir()]
+    found = scan(dirs, base=REPO) if dirs else None
+    parts = []
+    if found is not None and not found.frame.empty:
+        parts.append(found.frame)
+    if record.is_file():
+        rows = read_record([record])
+        parts.append(rows[~rows.run.isin(found.frame.run if parts else [])])
+    planned = {j.run for j in jobs}
+    frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=RECORD_COLUMNS)
+    # A run counts where it is one of the study's jobs and its config was recorded (records from before
+    # signatures existed cannot be checked against their job: their jobs run again).
+    mine = frame.run.isin(planned) & (frame.signature != UNRECORDED)
+    return frame[mine].reset_index(drop=True), (found.folders if found else {})
+
+
+def stale(jobs: Sequence[Job], frame: pd.DataFrame, folders: dict[str, Path]) -> list[str]:
+    """`run: why` for every done run whose signature is not its job's."""
+    from training.runner import config_differences
+
+    recorded = frame.drop_duplicates("run").set_index("run")["signature"]
+    lines = []
+    for job in jobs:
+        if job.run in recorded and recorded[job.run] != job.signature:
+            if job.run in folders:
+                old = yaml.safe_load((folders[job.run] / "config.yaml").read_text())
+                why = "; ".join(config_differences(signature(old), signature(job.config)))
+            else:
+                why = f"recorded signature {recorded[job.run]}, this code composes {job.signature}"
+            lines.append(f"{job.run}: {why}")
+    return lines
+
+
+def multiruns(jobs: Sequence[Job], extra: Sequence[str] = ()) -> list[tuple[str, list[str]]]:
+    """(preset, overrides) of the multiruns that run exactly `jobs`: a preset's whole sweep where
+    all of its jobs are asked for, else one multirun per job cell with its seeds."""
+    commands = []
+    for preset, group in itertools.groupby(sorted(jobs, key=lambda j: j.preset), key=lambda j: j.preset):
+        group = list(group)
+        if len(group) == len(sweep(_params(preset, extra, REPO / "configs"))):
+            commands.append((preset, []))
+            continue
+        cells: dict[tuple[str, ...], list[int]] = defaultdict(list)
+        for job in group:
+            cells[job.overrides].append(job.seed)
+        commands += [(preset, [*overrides, f"seed={','.join(map(str, sorted(seeds)))}"]) for overrides, seeds in cells.items()]
+    return commands
+
+
+def command(preset: str, overrides: Sequence[str], extra: Sequence[str] = ()) -> list[str]:
+    """The multirun's command line; an extra override of a key the job overrides gives way to the job's."""
+    mine = {_key(o) for o in overrides}
+    rest = [o for o in extra if _key(o) not in mine]
+    return ["python", f"{PIPELINES[preset.rsplit('_', 1)[-1]]}.py", "-m", f"+study={preset}", *overrides, *rest]
+
+
+def launch(commands: Sequence[tuple[str, list[str]]], extra: Sequence[str] = ()) -> int:
+    """Run the multiruns one after another (each one's launcher runs its jobs side by side)."""
+    env = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    worst = 0
+    for preset, overrides in commands:
+        line = command(preset, overrides, extra)
+        print(f"$ {shlex.join(line)}", flush=True)
+        worst = max(worst, subprocess.call([sys.executable, *line[1:]], cwd=REPO, env=env))
+    return worst
+
+
+def readme(study: str, frame: pd.DataFrame, jobs: Sequence[Job], extra: Sequence[str], split: str) -> str:
+    commits = ", ".join(f"`{c[:12]}`" for c in sorted(frame.git_commit.dropna().unique()))
+    presets = list(dict.fromkeys(j.preset for j in jobs))
+    lines = "\n".join(f"    {shlex.join(command(p, [], extra))}" for p in presets)
+    hours = frame.drop_duplicates("run").wall_time_s.sum() / 3600
+    return f"""# The {study} study
+
+Written by `python scripts/embedded_study.py{' --demo' if study == 'demo' else ''}` (make {'demo' if study == 'demo' else 'study'}):
+{len(frame.run.unique())} of {len(jobs)} planned runs, measured on the {split} split, from commit(s) {commits}
+({hours:.1f} h of run time). The runs are the multiruns of the study's presets
+(configs/study/, arms in configs/arm/):
+
+{lines}
+
+`runs.csv` is the record (one line per run and number; the study resumes from it). The tables,
+paired differences, the claims' verdicts (by the rules of analysis/claims.yaml), the power table
+and the figures are written from it by `python scripts/study_report.py results/{study}/runs.csv
+--out results/{study}`. `make check-results` reruns seed 0 of one cell per pipeline.
+
+"""
+
+
+def presets_of(study: str, pipelines: Sequence[str] = tuple(PIPELINES)) -> list[str]:
+    presets = [f"{study}_{p}" for p in pipelines if (REPO / "configs" / "study" / f"{study}_{p}.yaml").is_file()]
+    if not presets:
+        raise StudyError(f"no preset configs/study/{study}_<pipeline>.yaml for {', '.join(pipelines)}")
+    return presets
+
+
+def run_study(study: str, *, extra: Sequence[str] = (), report_only: bool = False, out: Path | None = None,
+              pipelines: Sequence[str] = tuple(PIPELINES)) -> int:  # fmt: skip
+    """Plan, check, launch what is missing, report. 0 when every planned run finished."""
+    presets = presets_of(study, pipelines)
+    out = out or REPO / "results" / study
+    jobs = plan(presets, extra)
+    record = out / "runs.csv"
+    frame, folders = runs_of(jobs, record)
+    problems = stale(jobs, frame, folders)
+    if problems:
+        raise StudyError(f"{len(problems)} finished run(s) were made with other settings than this code composes for "
+                         "their job; their numbers are not this code's. Delete their folders and rows of "
+                         f"{record.relative_to(REPO) if record.is_relative_to(REPO) else record} to rerun them:\n  "
+                         + "\n  ".join(problems))  # fmt: skip
+    check_provenance(frame.git_commit.dropna().unique())
+    done = set(frame.run)
+    todo = [j for j in jobs if j.run not in done]
+    print(f"{len(todo)} of {len(jobs)} runs to do", flush=True)
+    status = 0
+    if todo and not report_only:
+        status = launch(multiruns(todo, extra), extra)
+        frame, folders = runs_of(jobs, record)
+    if frame.empty:
+        raise NoRunsError("no run of the study has finished")
+    out.mkdir(parents=True, exist_ok=True)
+    write_record(frame, record)
+    split = {_preset(p).get("eval_split", "validation") for p in presets}.pop()
+    write_report(frame, out, split=split, folders=folders, source=f"results/{study}/runs.csv",
+                 intro=readme(study, frame, jobs, extra, split))  # fmt: skip
+    missing = len(jobs) - frame.run.nunique()
+    return status or int(missing > 0)
+
+
+def check_results(study: str, *, extra: Sequence[str] = (), pipelines: Sequence[str] = tuple(PIPELINES)) -> int:
+    """Rerun CHECKED's seed-0 job of each pipeline into a scratch folder and compare every number
+    with the record; 0 when all are within TOLERANCE."""
+    presets = presets_of(study, pipelines)
+    record = read_record([REPO / "results" / study / "runs.csv"])
+    worst = 0
+    for job in plan(presets, extra):
+        want = CHECKED[job.pipeline]
+        if job.seed != 0 or f"+arm={want['arm']}" not in job.overrides or (
+                "sparsity" in want and f"acdc.sparsity={want['sparsity']}" not in job.overrides):  # fmt: skip
+            continue
+        before = record[(record.run == job.run) & (record.signature == job.signature)]
+        if before.empty:
+            print(f"{job.run}: not in the record as a run of this job's config; nothing to compare")
+            worst = 1
+            continue
+        with tempfile.TemporaryDirectory(prefix="check-results-") as scratch:
+            line = [*job.overrides, "seed=0", f"hydra.sweep.dir={scratch}", "hydra.sweep.subdir=rerun"]
+            launch([(job.preset, line)], extra)
+            after = scan([scratch]).frame
+        if after.empty:
+            print(f"{job.run}: the rerun did not finish")
+            worst = 1
+            continue
+        keys = ["metric", "method", "pattern", "sparsity"]
+        both = before.merge(after, on=keys, suffixes=("_before", "_after"))
+        for row in both.itertuples():
+            kind, tolerance = TOLERANCE.get(row.metric, ("relative", 0.01))
+            off = abs(row.value_after - row.value_before) / (abs(row.value_before) if kind == "relative" else 1.0)
+            ok = math.isfinite(off) and off <= tolerance
+            worst = max(worst, int(not ok))
+            print(f"{job.run} {row.metric} {row.method} {row.pattern} {row.sparsity:g}: committed {row.value_before:.6g}, "
+                  f"rerun {row.value_after:.6g}: {'identical' if off == 0 else 'within' if ok else 'OUT OF'} "
+                  f"{kind} tolerance {tolerance:g}")  # fmt: skip
+    return worst
