@@ -15,3 +15,25 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("WANDB_ERROR_REPORTING", "false")  # wandb's crash reports would try the network
 os.environ["HORST_FUSED"] = "0"
+
+
+# ---- the real SLURM cluster of scripts/slurm_cluster.sh (tests/test_slurm_*.py) ---------------
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+
+import pytest  # noqa: E402
+
+SLURM_CLUSTER_HINT = "SLURM test cluster not running; enable with: bash scripts/slurm_cluster.sh install && bash scripts/slurm_cluster.sh start (as root)"
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> str:
+    """The node of the running single-node cluster (scripts/slurm_cluster.sh), or a skip saying how to start it."""
+    if shutil.which("sinfo") is None:
+        pytest.skip(SLURM_CLUSTER_HINT)
+    nodes = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True, timeout=30)
+    partitions = subprocess.run(["sinfo", "-h", "-o", "%R"], capture_output=True, text=True, timeout=30)
+    ready = [line.split()[0] for line in nodes.stdout.splitlines() if line.split()[1] in ("idle", "mixed", "allocated")]
+    if nodes.returncode or not ready or "urgent" not in partitions.stdout.split():
+        pytest.skip(SLURM_CLUSTER_HINT)
+    return ready[0]
