@@ -33,7 +33,7 @@ TINY_GPT2 = [
 # What the presets ask for, cut to a CPU job that fits the test node (8 CPUs, 8 GB).
 CPU_JOB = [
     "hydra/launcher=slurm_1gpu", "hydra.launcher.gpus_per_node=0", "hydra.launcher.cpus_per_task=1",
-    "hydra.launcher.mem_gb=1", "hydra.launcher.timeout_min=10",
+    "hydra.launcher.mem_gb=1", "hydra.launcher.timeout_min=20",
 ]  # fmt: skip
 ENV = {**os.environ, **QUIET_ENV, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 TIMEOUT = 400
@@ -94,6 +94,7 @@ def test_a_cell_slurm_cancels_is_a_failed_cell_and_the_others_finish(slurm_clust
     finished = sorted(p.parent.name for p in sweep_dir.glob("*/summary.json"))
     assert finished == [Path(c["run_dir"]).name for c in cells(sweep_dir) if c is not cancelled and c["num"] != 1]
     script = next((sweep_dir / ".submitit").rglob("*_submission.sh")).read_text()
+    assert "#SBATCH --array=0-2%64" in script  # the sweep is one job array
     assert "#SBATCH --ntasks-per-node=1" in script and "--gpus-per-node" not in script  # a CPU job: one task
 
 
@@ -133,6 +134,29 @@ def test_sigterm_preemption_requeues_and_ends_with_the_weights_of_an_uninterrupt
     expected, actual = final_params(reference), final_params(run_dir)
     for name in expected:
         assert torch.equal(expected[name], actual[name]), name
+
+
+def test_a_two_task_ddp_cell_checkpoints_on_usr2_is_requeued_by_submitit_and_finishes(slurm_cluster, pydoc_dir, tmp_path):
+    """Two SLURM tasks train one model (DDP over gloo, rendezvous from SLURM's variables).
+    SIGUSR2 reaches both (what SLURM sends `signal_delay_s` before the time limit; here
+    `scancel --signal=USR2`): they checkpoint at the same step, submitit's handler requeues the
+    job (`scontrol requeue`), and the requeued job continues with no step lost or repeated."""
+    sweep_dir = tmp_path / "sweep"
+    launcher = sweep(sweep_dir, f"data.dir={pydoc_dir}", "train.max_steps=60", "train.batch_size=4",
+                     "hydra.launcher.tasks_per_node=2")  # fmt: skip
+    (cell,) = wait_for(lambda: cells(sweep_dir), "the submission")
+    run_dir = Path(cell["run_dir"])
+    wait_for(lambda: len(logged_steps(run_dir)) >= 3, "the cell to train")
+    subprocess.run(["scancel", "--signal=USR2", cell["slurm_job_id"]], check=True)
+    _, stderr = launcher.communicate(timeout=TIMEOUT)
+    assert launcher.returncode == 0, stderr[-3000:]
+
+    log = "".join(p.read_text() for p in (sweep_dir / ".submitit").rglob("*_log.*"))
+    assert "Requeued job" in log and "resumed from" in log
+    assert job_state(cell["slurm_job_id"])[1] == 1
+    assert logged_steps(run_dir) == list(range(1, 61))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["train"]["world_size"] == 2 and summary["train"]["steps"] == 60
 
 
 def snapshot(folder: Path) -> dict[str, tuple[str, int]]:

@@ -71,19 +71,26 @@ class SlurmLauncher(SubmititSlurmLauncher):
         finally:
             hydra.cfg = outer
 
-    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+    def executor(self) -> Any:
+        """submitit's SLURM executor with the launcher's parameters, as hydra-submitit-launcher's
+        `launch` makes it."""
         import submitit
         from omegaconf import OmegaConf
 
-        from hydra.core.singleton import Singleton
         from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 
-        # The executor and its parameters as hydra-submitit-launcher's `launch` makes them.
         params = dict(self.params)
-        folder = params.pop("submitit_folder")
-        executor = submitit.AutoExecutor(cluster="slurm", folder=folder, slurm_max_num_timeout=params.pop("max_num_timeout"))
+        executor = submitit.AutoExecutor(
+            cluster="slurm", folder=params.pop("submitit_folder"), slurm_max_num_timeout=params.pop("max_num_timeout")
+        )
         base = set(OmegaConf.structured(BaseQueueConf).keys())
         executor.update_parameters(**{k if k in base else f"slurm_{k}": v for k, v in params.items()})
+        return executor
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from hydra.core.singleton import Singleton
+
+        folder, executor = self.params["submitit_folder"], self.executor()
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
 
