@@ -159,6 +159,24 @@ def test_a_two_task_ddp_cell_checkpoints_on_usr2_is_requeued_by_submitit_and_fin
     assert summary["train"]["world_size"] == 2 and summary["train"]["steps"] == 60
 
 
+@pytest.mark.slow  # several 2-minute time limits
+def test_a_cell_past_its_time_limit_is_requeued_from_its_checkpoints_until_it_finishes(slurm_cluster, pydoc_dir, tmp_path):
+    """A 3-minute limit with SIGUSR2 60 s before it: each run of the job trains until the signal,
+    checkpoints, and submitit requeues it as timed out. SLURM sends the signal up to 60 s
+    early: a signal that lands while Python starts, before submitit's handler, kills the job
+    (a failed cell, "User defined signal 2"), hence the margin."""
+    sweep_dir = tmp_path / "sweep"
+    launcher = sweep(sweep_dir, f"data.dir={pydoc_dir}", "train.max_steps=1500", "hydra.launcher.timeout_min=3",
+                     "hydra.launcher.signal_delay_s=60", "hydra.launcher.max_num_timeout=8")  # fmt: skip
+    _, stderr = launcher.communicate(timeout=1500)
+    assert launcher.returncode == 0, stderr[-3000:]
+    (cell,) = cells(sweep_dir)
+    log = "".join(p.read_text() for p in (sweep_dir / ".submitit").rglob("*_log.*"))
+    assert "this job is timed-out" in log and "resumed from" in log
+    assert job_state(cell["slurm_job_id"])[1] >= 1
+    assert logged_steps(Path(cell["run_dir"])) == list(range(1, 1501))
+
+
 def snapshot(folder: Path) -> dict[str, tuple[str, int]]:
     return {str(p.relative_to(folder)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
             for p in sorted(folder.rglob("*")) if p.is_file()}  # fmt: skip

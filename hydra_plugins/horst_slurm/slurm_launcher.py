@@ -136,7 +136,7 @@ class SlurmLauncher(SubmititSlurmLauncher):
             return self._job_return(overrides, job.results()[0])
         except UncompletedJobError as error:  # FailedJobError too: an error outside the task (hydra_task records its own)
             state = job.state
-            message = str(error).strip().splitlines()[0]
+            message = " ".join(str(error).strip().splitlines()[:2])  # which job, and what submitit saw
             reason = f"SLURM job {job.job_id} ended {state}: {message}"
             record = record_failed_cell(
                 run_dir, pipeline=self.config.hydra.job.config_name.removeprefix("train_"), reason=reason,
