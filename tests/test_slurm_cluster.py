@@ -94,7 +94,7 @@ def test_a_cell_slurm_cancels_is_a_failed_cell_and_the_others_finish(slurm_clust
     finished = sorted(p.parent.name for p in sweep_dir.glob("*/summary.json"))
     assert finished == [Path(c["run_dir"]).name for c in cells(sweep_dir) if c is not cancelled and c["num"] != 1]
     script = next((sweep_dir / ".submitit").rglob("*_submission.sh")).read_text()
-    assert "#SBATCH --array=0-2%64" in script  # the sweep is one job array
+    assert "#SBATCH --array=0-2%3" in script  # the sweep is one job array (parallelism: min(64, cells))
     assert "#SBATCH --ntasks-per-node=1" in script and "--gpus-per-node" not in script  # a CPU job: one task
 
 
