@@ -29,7 +29,7 @@ from training.optim import build_optimizer
 from training.run_log import RunLogger, optimizer_label
 from training.runner import Run
 from training.schedule import build_lr_scheduler
-from training.vit.config import acdc_schedule, scaled_lr, validate
+from training.vit.config import acdc_schedule, prunable_set, scaled_lr, validate
 from training.vit.data import (
     TrainLoader, build_datasets, build_mixup, build_transforms, epoch_seed, eval_loader, skipped_images,
 )  # fmt: skip
@@ -88,7 +88,7 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
     model = build_model(cfg.model, num_classes=len(classes)).to(device)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
-    prunable = pruning.prunable_parameters(model, acdc.preset, patterns=list(acdc.patterns) or None)
+    prunable = prunable_set(model, acdc)
     sparsifier = pruning.Sparsifier(prunable)
     schedule = acdc_schedule(acdc, epochs=t.epochs)
     lr = scaled_lr(t)
