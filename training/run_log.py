@@ -18,6 +18,7 @@ import json
 import math
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, Mapping
@@ -32,6 +33,44 @@ SUMMARY_FILE = "summary.json"
 CONFIG_FILE = "config.yaml"
 FAILED_FILE = "failed.json"  # instead of summary.json: a run that stopped on an error (training.runner)
 _WANDB_ID_FILE = "wandb_id.txt"
+
+
+class LogLines:
+    """What a progress bar shows, as plain lines for a log file (a batch job's output, a pipe):
+    one line per `set_postfix`, which the pipelines call at their log interval, with the bar's
+    description, the step and the postfix (the training loss among it). tqdm's API, the parts
+    the pipelines use."""
+
+    def __init__(self, *, total: int, initial: int = 0, desc: str | None = None, disable: bool = False) -> None:
+        self.total, self.n, self.desc, self.disable = total, initial, desc, disable
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+
+    def set_description(self, desc: str) -> None:
+        self.desc = desc
+
+    def set_postfix(self, refresh: bool = False, **values: Any) -> None:
+        if not self.disable:
+            fields = " ".join(f"{key} {value}" for key, value in values.items())
+            print(f"{self.desc or 'train'}: step {self.n}/{self.total} {fields}", flush=True)
+
+    def write(self, text: str) -> None:
+        if not self.disable:
+            print(text, flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+def progress_bar(*, total: int, initial: int = 0, desc: str | None = None, disable: bool = False):
+    """tqdm's bar on a terminal; plain `LogLines` where stderr is not one (no `\\r` redraws in
+    a log file)."""
+    if sys.stderr.isatty():
+        from tqdm import tqdm
+
+        return tqdm(total=total, initial=initial, desc=desc, disable=disable, dynamic_ncols=True)
+    return LogLines(total=total, initial=initial, desc=desc, disable=disable)
 
 
 def git_commit(path: str | os.PathLike = ".") -> str:

@@ -26,7 +26,7 @@ from training.gpt2.data import RandomWindows, check_run_vocabulary, load_data
 from training.gpt2.evaluate import evaluate_lm, one_shot_pruning, perplexity_table
 from training.gpt2.model import build_model, flops_per_token
 from training.optim import build_optimizer
-from training.run_log import optimizer_label
+from training.run_log import optimizer_label, progress_bar
 from training.runner import Run
 from training.schedule import build_lr_scheduler
 
@@ -80,7 +80,7 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
 
     # ---- training ------------------------------------------------------------------------
     model.train()
-    bar = tqdm(total=t.max_steps, initial=step, desc="train", disable=not r.is_main, dynamic_ncols=True)
+    bar = progress_bar(total=t.max_steps, initial=step, desc="train", disable=not r.is_main)
     train_seconds, logged_step = 0.0, step  # throughput excludes evaluation and checkpoints
     while step < t.max_steps:
         step_started = time.time()
@@ -107,6 +107,7 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
         step += 1
         scheduler.step_update(step)
         train_seconds += time.time() - step_started
+        bar.update()
 
         if t.log_interval and (step % t.log_interval == 0 or step == t.max_steps):
             if device.type == "cuda":
@@ -123,7 +124,6 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
                 metrics["perf/mfu"] = flops / seconds / (peak * dist.world_size)
             r.log.log(metrics, step=step)
             bar.set_postfix(loss=f"{train_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_step / seconds:,.0f}", refresh=False)
-        bar.update()
         if t.eval_interval and (step % t.eval_interval == 0 or step == t.max_steps):
             val = evaluate(model, max_windows=t.eval_windows)
             r.log.log({"val/loss": val["loss"], "val/ppl": val["ppl"]}, step=step)

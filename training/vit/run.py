@@ -18,7 +18,6 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
-from tqdm import tqdm
 
 import pruning
 from training.checkpoint import CheckpointError
@@ -26,7 +25,7 @@ from training.config import ConfigError
 from training.distributed import all_reduce_mean
 from training.env import autocast, seed_rngs
 from training.optim import build_optimizer
-from training.run_log import RunLogger, optimizer_label
+from training.run_log import RunLogger, optimizer_label, progress_bar
 from training.runner import Run
 from training.schedule import build_lr_scheduler
 from training.vit.config import acdc_schedule, prunable_set, scaled_lr, validate
@@ -143,7 +142,7 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
                     masks=sparsifier.state_dict(), history=history)  # fmt: skip
 
     # ---- training ------------------------------------------------------------------------------
-    bar = tqdm(total=t.epochs * steps_per_epoch, initial=step, disable=not r.is_main, dynamic_ncols=True)
+    bar = progress_bar(total=t.epochs * steps_per_epoch, initial=step, disable=not r.is_main)
     step_loss = torch.full((), float("nan"), device=device)  # the last update's loss, on the device
     while epoch < t.epochs:
         phase, action = schedule.phase(epoch), schedule.action(epoch)
