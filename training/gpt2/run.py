@@ -20,7 +20,7 @@ from tqdm import tqdm
 import pruning
 from training.distributed import all_reduce_mean
 from training.env import autocast, peak_flops
-from training.export import export_gpt2
+from training.gpt2.export import export_gpt2
 from training.gpt2.config import validate
 from training.gpt2.data import RandomWindows, check_run_vocabulary, load_data
 from training.gpt2.evaluate import evaluate_lm, one_shot_pruning, perplexity_table
@@ -205,7 +205,7 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
         },
         files=("perplexity.md", "perplexity.json"),
     )
-    if cfg.export.enabled:  # one pruned copy as a transformers folder with a model card (training/export.py)
+    if cfg.export.enabled:  # one pruned copy as a transformers folder with a model card (training/gpt2/export.py)
         e = cfg.export
         exported = export_gpt2(
             model, cfg, e.dir or r.run_dir / "export", sparsity=e.sparsity, method=e.method, pattern=e.pattern,
