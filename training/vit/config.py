@@ -66,6 +66,7 @@ class AugConfig:
 class ViTTrainConfig:
     epochs: int = MISSING
     batch_size: int = MISSING  # images per update, over all processes
+    accum_steps: int = MISSING  # forward/backward passes per update (gradient accumulation): batch_size / (processes x accum_steps) images each
     base_lr: float = MISSING  # lr = base_lr * batch_size / base_batch_size (linear scaling)
     base_batch_size: int = MISSING
     min_lr: float = MISSING
@@ -189,9 +190,11 @@ def validate(cfg: DictConfig, *, world_size: int) -> None:
     lr = scaled_lr(t)
     check_optimizer(cfg.optimizer, lr=lr)
     require(t.epochs > 0, f"train.epochs={t.epochs} must be positive")
+    require(t.accum_steps >= 1, f"train.accum_steps={t.accum_steps} must be >= 1 (1: no gradient accumulation)")
     require(
-        t.batch_size % world_size == 0,
-        f"train.batch_size={t.batch_size} must be a multiple of the {world_size} processes",
+        t.batch_size % (world_size * t.accum_steps) == 0,
+        f"train.batch_size={t.batch_size} must be a multiple of the {world_size} processes x train.accum_steps="
+        f"{t.accum_steps}",
     )
     mixing = a.mixup > 0 or a.cutmix > 0
     require(

@@ -12,6 +12,7 @@ a preempted run checkpoints after its current batch and continues from the next 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
@@ -35,7 +36,7 @@ from training.vit.data import (
 from training.vit.model import build_model, evaluate
 
 # May differ when a run is continued: they change what is logged or how fast, not what is trained.
-MAY_CHANGE_ON_RESUME = ("data.root", "data.num_workers", "data.pin_memory", "data.skip_corrupt",
+MAY_CHANGE_ON_RESUME = ("data.root", "data.num_workers", "data.pin_memory", "data.skip_corrupt", "train.accum_steps",
                         "train.eval_batch_size", "train.log_interval", "train.checkpoint_interval",
                         "train.keep_checkpoints", "acdc.histogram_bins")  # fmt: skip
 
@@ -162,15 +163,24 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
             images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
             if channels_last:
                 images = images.contiguous(memory_format=torch.channels_last)
-            if mixup is not None:
+            if mixup is not None:  # over the process's whole batch: accumulation does not change the mixing
                 images, targets = mixup(images, targets)
-            with autocast(device, r.dtype):
-                output = train_model(images)
-            loss = criterion(output.float(), targets)
-            step_loss = all_reduce_mean(loss.detach().clone())
-            r.watch_loss(step_loss, step=step + 1)  # read at log intervals and before checkpoints
+            # Gradient accumulation: train.accum_steps forward/backward passes over slices of the
+            # batch, each loss weighted by its slice's share, so the gradient is the whole batch's
+            # mean; DDP all-reduces after the last pass only.
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            loss_sum = torch.zeros((), device=device)
+            micro_batches = list(zip(images.chunk(t.accum_steps), targets.chunk(t.accum_steps)))
+            for i, (micro_images, micro_targets) in enumerate(micro_batches):
+                last = i == len(micro_batches) - 1
+                with contextlib.nullcontext() if last or not dist.enabled else train_model.no_sync():
+                    with autocast(device, r.dtype):
+                        output = train_model(micro_images)
+                    loss = criterion(output.float(), micro_targets) * (len(micro_images) / len(images))
+                    loss.backward()
+                loss_sum += loss.detach()
+            step_loss = all_reduce_mean(loss_sum)
+            r.watch_loss(step_loss, step=step + 1)  # read at log intervals and before checkpoints
             if t.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
             lr_now = optimizer.param_groups[0]["lr"]
