@@ -417,6 +417,9 @@ class RunCallbacks(Callback):
             sys.exit(f"error: {key}={folder} cannot be written ({error.strerror}); choose a writable folder ({key}=...)")
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from hydra.core.hydra_config import HydraConfig
+
+        HydraConfig.instance().set_config(config)  # the folder's name reads ${hydra:runtime.choices.model}
         self._check_writable(Path(config.hydra.run.dir), "hydra.run.dir")
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
