@@ -633,7 +633,7 @@ def item_data(ctx: Context) -> Result:
     from torch.utils.data import DataLoader
     from torchvision.datasets import ImageFolder
 
-    from training.vit.data import TrainLoader, build_datasets, build_transforms
+    from training.vit.data import TrainLoader, build_datasets
 
     result = Result()
     s = ctx.sizes
@@ -646,8 +646,7 @@ def item_data(ctx: Context) -> Result:
         started = time.perf_counter()
         _jpeg_folder(root, s.images, s.image_size)
         log(f"  6: {s.images} JPEGs written in {time.perf_counter() - started:.1f} s")
-        train_tf, eval_tf = build_transforms(aug, img_size=img_size)
-        train, _, _ = build_datasets({"name": "imagefolder", "root": str(root)}, train_transform=train_tf, eval_transform=eval_tf)
+        train = build_datasets({"name": "imagefolder", "root": str(root), "minival_size": 8}, aug, img_size=img_size).train
         project = TrainLoader(train, batch_size=s.loader_batch, seed=0, rank=0, world_size=1, repeated_aug=3,
                               num_workers=workers, pin_memory=pin)  # fmt: skip
         plain_tf = create_transform(

@@ -114,7 +114,7 @@ def vit_run(imagenet_root, tmp_path_factory):  # noqa: F811
 def test_vit_export_loads_with_timm_and_gives_the_runs_accuracy(vit_run, tmp_path):
     import timm
 
-    from training.vit.data import build_datasets, build_transforms, eval_loader
+    from training.vit.data import build_datasets, eval_loader
     from training.vit.model import evaluate
 
     summary, run_dir = vit_run
@@ -127,8 +127,7 @@ def test_vit_export_loads_with_timm_and_gives_the_runs_accuracy(vit_run, tmp_pat
         embed_dim=m.embed_dim, depth=m.depth, num_heads=m.num_heads,
         pretrained_cfg_overlay=dict(file=str(out / "model.safetensors"), num_classes=3),
     )  # fmt: skip
-    _, eval_transform = build_transforms(cfg.aug, img_size=m.img_size)
-    _, val_set, _ = build_datasets(cfg.data, train_transform=eval_transform, eval_transform=eval_transform)
+    val_set = build_datasets(cfg.data, cfg.aug, img_size=m.img_size).val
     loader = eval_loader(val_set, batch_size=8, rank=0, world_size=1, num_workers=0, pin_memory=False)
     result = evaluate(model, loader, device=torch.device("cpu"), dtype=torch.float32)
     assert result["top1"] == pytest.approx(summary["top1"], rel=1e-4) and result["top5"] == pytest.approx(summary["top5"], rel=1e-4)
