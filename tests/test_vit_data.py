@@ -307,6 +307,11 @@ def test_minival_is_a_fixed_list_of_training_images_and_test_is_val(tmp_path):
     assert [t for _, t in a.val.samples] == [0, 0, 1, 2] and a.val[0][0].shape == (3, 12, 12)
     assert a.test is not None and sorted(Path(p).parent.parent.name for p, _ in a.test.samples) == ["val"] * 6
     assert b.test is None  # eval_split validation: the test images are not even listed
+    listed = tmp_path / "minival.txt"  # what a user records before a job: the same list
+    script = [sys.executable, str(REPO / "scripts" / "check_imagefolder.py"), str(tmp_path / "a"), "--workers", "1"]
+    done = subprocess.run([*script, "--minival-list", str(listed), "--minival-size", "4"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert listed.read_text().splitlines() == a.minival
     with pytest.raises(DataLayoutError, match=r"data.minival_size=15 holds out 5 training images of class 0, which has only 5"):
         build_datasets({**data, "root": str(tmp_path / "a"), "minival_size": 15}, TINY_AUG, img_size=12)
 
