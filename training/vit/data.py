@@ -1,5 +1,8 @@
-"""Image data for the ViT pipeline: ImageNet as an ImageFolder root, or scikit-learn's digits,
-both through the same timm transforms, samplers, loaders and Mixup/CutMix.
+"""Data for the ViT pipeline: ImageNet as an ImageFolder root or scikit-learn's digits, both
+through the same timm transforms, samplers, loaders and Mixup/CutMix; and MNIST-1D as 1 x 40
+one-channel images (generated offline, no transform). Every dataset has fixed train /
+validation / test splits (`build_datasets`): ImageNet's validation is a minival held out of
+`train/`, its test the official `val/`.
 
 The DeiT recipe (Touvron et al., "Training data-efficient image transformers & distillation
 through attention", ICML 2021; docs/design.md §4) is assembled from timm's own pieces:
