@@ -2,13 +2,16 @@
 
     python scripts/check_imagefolder.py /path/to/imagenet            # train/ and val/ below it
     python scripts/check_imagefolder.py /path/to/imagenet --workers 16
+    python scripts/check_imagefolder.py /path/to/imagenet --minival-list minival.txt   # and the held-out list
 
 Every file of the class folders under `<root>/train` and `<root>/val` (the layout
 `train_vit.py data.root=...` reads) is opened and fully decoded the way the pipeline does
 (`training.vit.data.read_image`), in parallel, with a progress bar. Prints one line per file
 that fails (path and reason) and a count; exits 1 if any failed, so it can gate a job
 script. Remove or replace those files, or run with `data.skip_corrupt=true`, which skips
-them and lists them in the run folder's `skipped_images.txt`.
+them and lists them in the run folder's `skipped_images.txt`. `--minival-list FILE` also
+writes the training images a run holds out as its validation split (`data.minival_size`,
+the recipe's 10,000; the same list each run writes to its `minival.txt`).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from training.vit.data import check_imagefolder_root, read_image  # noqa: E402
+from training.vit.data import check_imagefolder_root, minival_indices, read_image  # noqa: E402
 
 
 def problem(path: str) -> str | None:
@@ -39,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("root", help="the ImageFolder root (with train/ and val/)")
     parser.add_argument("--workers", type=int, default=os.cpu_count(), help="processes (default: all cores)")
+    parser.add_argument("--minival-list", type=Path, help="write the held-out minival's files here, one a line")
+    parser.add_argument("--minival-size", type=int, default=10000, help="data.minival_size (default 10000)")
     args = parser.parse_args(argv)
     from training.config import RunError
 
@@ -47,6 +52,16 @@ def main(argv: list[str] | None = None) -> int:
     except RunError as error:
         sys.exit(f"error: {error}")
     root = Path(args.root).expanduser()
+    if args.minival_list:
+        from torchvision.datasets import ImageFolder
+
+        train = ImageFolder(str(root / "train"))  # the listing a run holds its minival out of
+        try:
+            held = minival_indices(train.samples, root / "train", size=args.minival_size)
+        except RunError as error:
+            sys.exit(f"error: {error}")
+        args.minival_list.write_text("".join(f"{Path(train.samples[i][0]).relative_to(root / 'train').as_posix()}\n" for i in held))
+        print(f"wrote the {len(held)} minival images to {args.minival_list}")
     files = sorted(str(p) for split in ("train", "val") for p in (root / split).glob("*/*") if p.is_file())
     bad = []
     with ProcessPoolExecutor(max_workers=args.workers) as pool:

@@ -128,7 +128,8 @@ def test_vit_export_loaded_the_timm_way_gives_the_runs_accuracy(vit_run, tmp_pat
     cfg = compose_vit_cfg(deit_overrides(summary["data"]["root"]))
     _, run_transform = build_transforms(cfg.aug, img_size=cfg.model.img_size)
     assert repr(transform) == repr(run_transform)
-    _, val_set, _ = build_datasets(cfg.data, train_transform=transform, eval_transform=transform)
+    val_set = build_datasets(cfg.data, cfg.aug, img_size=cfg.model.img_size).val
+    val_set.transform = transform
     loader = eval_loader(val_set, batch_size=8, rank=0, world_size=1, num_workers=0, pin_memory=False)
     result = evaluate(model, loader, device=torch.device("cpu"), dtype=torch.float32)
     assert result["top1"] == pytest.approx(summary["top1"], rel=1e-4) and result["top5"] == pytest.approx(summary["top5"], rel=1e-4)

@@ -1,8 +1,10 @@
-"""Validation perplexity against a direct computation with the model's own loss."""
+"""Perplexity against a direct computation with the model's own loss, and on the split `eval_split` says."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -59,3 +61,41 @@ def test_max_windows_and_sharding(model):
 def test_flops_per_token_counts_six_n_plus_attention(model):
     n = sum(p.numel() for p in model.parameters()) - model.transformer.wpe.weight.numel()
     assert flops_per_token(model, 32) == 6 * n + 12 * 2 * 32 * 32
+
+
+def test_a_run_reports_every_perplexity_on_the_split_eval_split_says(tmp_path, monkeypatch):
+    """eval_split=test: every one-shot row (the dense model too) is the final model's
+    perplexity on the test tokens, the periodic loss stays on validation; eval_split=
+    validation: the test split is never read."""
+    from hydra import compose, initialize_config_dir
+
+    import training.gpt2.data as gpt2_data
+    from training.checkpoint import latest_checkpoint, load_checkpoint
+    from training.gpt2.config import register_configs
+    from training.gpt2.data import load_data
+    from training.gpt2.run import run
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    register_configs()
+    overrides = ["model=gpt2_nano", f"data.dir={tmp_path / 'pydoc'}", "device=cpu", "cpu_threads=1", "train.max_steps=4",
+                 "train.warmup_steps=1", "train.batch_size=2", "train.micro_batch_size=2", "train.eval_interval=4",
+                 "train.eval_windows=8", "eval.max_windows=16", "prune.sparsities=[0.0,0.5]"]  # fmt: skip
+    read, load_split = [], gpt2_data.load_split
+    monkeypatch.setattr(gpt2_data, "load_split", lambda folder, split, **kw: read.append(split) or load_split(folder, split, **kw))
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "configs"), version_base="1.3"):
+        validation_cfg = compose("train_gpt2", overrides=overrides)
+        test_cfg = compose("train_gpt2", overrides=[*overrides, "eval_split=test"])
+    assert run(validation_cfg, run_dir=tmp_path / "validation")["eval_split"] == "validation"
+    assert "test" not in read and "validation" in read
+    summary = run(test_cfg, run_dir=tmp_path / "test")
+    assert summary["eval_split"] == summary["pruning"]["eval_split"] == "test" and summary["data"]["test_tokens"] > 10_000
+
+    data = load_data(test_cfg.data, context=32, is_main=True, eval_split="test")
+    model = build_model(test_cfg.model, vocab_size=data.vocab_size)
+    model.load_state_dict(load_checkpoint(latest_checkpoint(tmp_path / "test"))["model"])
+    on = lambda tokens, windows: evaluate_lm(model, tokens, context=32, batch_size=16, device=torch.device("cpu"), max_windows=windows)  # noqa: E731
+    assert summary["ppl"]["0"] == pytest.approx(on(data.test, 16)["ppl"], rel=1e-5)
+    assert summary["pruning"]["tokens"] == 16 * 32
+    periodic = [json.loads(line) for line in (tmp_path / "test" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["val/loss"] for r in periodic if "val/loss" in r] == pytest.approx([on(data.val, 8)["loss"]], rel=1e-5)
+    assert [r["prune/eval_split"] for r in periodic if "prune/eval_split" in r] == ["test", "test"]

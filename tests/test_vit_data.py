@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -279,3 +280,119 @@ def test_loader_workers_leave_the_preemption_signal_to_the_trainer(tmp_path):
                           start_new_session=True, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["96", "True"]  # two whole epochs and the validation pass; the signal recorded
+
+
+# ---- splits: ImageNet's minival, MNIST-1D, eval_split ----------------------------------------
+
+
+def _imagefolder(root, order=1) -> None:
+    """3 classes x 5 training images, 2 validation images each; `order` -1 writes them reversed."""
+    files = [(split, c, i) for split, count in (("train", 5), ("val", 2)) for c in ("n01", "n02", "n03") for i in range(count)]
+    for split, c, i in files[::order]:
+        _png(root / split / c / f"{c}_{i}.png", color=(40 * i, 80, 120))
+
+
+def test_minival_is_a_fixed_list_of_training_images_and_test_is_val(tmp_path):
+    from training.vit.data import build_datasets
+
+    _imagefolder(tmp_path / "a")
+    _imagefolder(tmp_path / "b", order=-1)  # another copy, written in another order
+    data = {"name": "imagefolder", "skip_corrupt": False, "minival_size": 4}
+    a = build_datasets({**data, "root": str(tmp_path / "a")}, TINY_AUG, img_size=12, eval_split="test")
+    b = build_datasets({**data, "root": str(tmp_path / "b")}, TINY_AUG, img_size=12)
+    # 4 over 3 classes: 2, 1, 1; in each class the smallest SHA-256 of "<class>/<file>". Fixed: a change is a new split.
+    assert a.minival == b.minival == ["n01/n01_1.png", "n01/n01_2.png", "n02/n02_3.png", "n03/n03_1.png"]
+    train = {Path(p).relative_to(tmp_path / "a" / "train").as_posix() for p, _ in a.train.samples}
+    assert len(train) == 11 and not train & set(a.minival) and len(train | set(a.minival)) == 15
+    assert [t for _, t in a.val.samples] == [0, 0, 1, 2] and a.val[0][0].shape == (3, 12, 12)
+    assert a.test is not None and sorted(Path(p).parent.parent.name for p, _ in a.test.samples) == ["val"] * 6
+    assert b.test is None  # eval_split validation: the test images are not even listed
+    listed = tmp_path / "minival.txt"  # what a user records before a job: the same list
+    script = [sys.executable, str(REPO / "scripts" / "check_imagefolder.py"), str(tmp_path / "a"), "--workers", "1"]
+    done = subprocess.run([*script, "--minival-list", str(listed), "--minival-size", "4"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert listed.read_text().splitlines() == a.minival
+    with pytest.raises(DataLayoutError, match=r"data.minival_size=15 holds out 5 training images of class 0, which has only 5"):
+        build_datasets({**data, "root": str(tmp_path / "a"), "minival_size": 15}, TINY_AUG, img_size=12)
+
+
+def test_a_split_the_data_does_not_have_is_one_line():
+    from training.vit.data import build_datasets
+
+    digits = {"name": "digits", "val_fraction": 0.2, "test_fraction": None}
+    with pytest.raises(DataLayoutError, match="eval_split=test, but data.name=digits has no test split") as error:
+        build_datasets(digits, TINY_AUG, img_size=8, eval_split="test")
+    assert "\n" not in str(error.value)
+    assert build_datasets(digits, TINY_AUG, img_size=8).test is None
+
+
+def test_mnist1d_is_generated_offline_with_the_published_defaults_split_and_cached(tmp_path, monkeypatch):
+    import requests
+    from mnist1d.data import get_dataset_args
+
+    from training.vit.data import Mnist1DDataset, mnist1d_examples
+
+    def no_download(*args, **kwargs):
+        raise AssertionError("MNIST-1D must be generated, never downloaded")
+
+    monkeypatch.setattr(requests, "get", no_download)
+    numpy_state = np.random.get_state()[1].copy()
+    x, y = mnist1d_examples(600, cache=str(tmp_path))
+    assert np.array_equal(np.random.get_state()[1], numpy_state)  # the global RNG is left as it was
+    assert x.shape == (600, 40) and x.dtype == np.float32 and np.bincount(y).tolist() == [60] * 10
+    (cached,) = tmp_path.glob("mnist1d_600_*.npz")
+    stored = np.load(cached)
+    args = {**get_dataset_args(as_dict=True), "num_samples": 600}
+    del args["url"]
+    assert json.loads(str(stored["args"])) == args  # the published defaults, but the size
+    mnist1d_examples.cache_clear()
+    again = mnist1d_examples(600, cache=str(tmp_path))  # read from the cache: the same examples
+    assert np.array_equal(again[0], x) and np.array_equal(again[1], y)
+
+    splits = {s: Mnist1DDataset(s, num_samples=600, val_fraction=0.1, test_fraction=0.5, cache=str(tmp_path))
+              for s in ("train", "validation", "test")}  # fmt: skip
+    assert [len(d) for d in splits.values()] == [240, 60, 300]
+    indices = [set(d.indices.tolist()) for d in splits.values()]
+    assert set.union(*indices) == set(range(600)) and sum(map(len, indices)) == 600
+    assert all(np.bincount(d.targets).tolist() == [len(d) // 10] * 10 for d in splits.values())  # stratified
+    inputs, label = splits["test"][3]
+    assert inputs.shape == (1, 1, 40) and torch.equal(inputs[0, 0], torch.from_numpy(x[splits["test"].indices[3]]))
+    assert label == y[splits["test"].indices[3]]
+
+
+def test_a_tiny_mnist1d_run_reports_on_the_split_eval_split_says(tmp_path):
+    """End to end through timm's ViT with (1, p) patches and AC/DC: the summary's top-1 is the
+    final model's on the test split, every epoch's on validation."""
+    from hydra import compose, initialize_config_dir
+
+    from training.checkpoint import latest_checkpoint, load_checkpoint
+    from training.vit.config import register_configs
+    from training.vit.data import Mnist1DDataset
+    from training.vit.model import build_model, evaluate
+    from training.vit.run import run
+
+    overrides = [
+        "vit_recipe=mnist1d", f"data.root={tmp_path / 'cache'}", "data.num_samples=300", "eval_split=test",
+        "model.embed_dim=16", "model.depth=1", "model.num_heads=2", "train.batch_size=40", "train.base_batch_size=40",
+        "train.epochs=5", "train.warmup_epochs=1", "acdc.dense_warmup=1", "acdc.compressed=2", "acdc.decompressed=1",
+        "acdc.final_decompressed=1", "acdc.final_compressed=1", "acdc.sparsity=0.8", "logging.mode=disabled",
+        "device=cpu",
+    ]  # fmt: skip
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        cfg = compose("train_vit", overrides=overrides)
+    summary = run(cfg, run_dir=tmp_path / "run")
+    assert summary["eval_split"] == "test" and summary["model"]["patch_size"] == [1, 8]
+    assert (summary["data"]["train_images"], summary["data"]["val_images"], summary["data"]["test_images"]) == (120, 30, 150)
+    assert summary["accuracy_unit"] == "fraction of the 150 test images" and summary["measured_sparsity"] == pytest.approx(0.8, abs=1e-3)
+
+    model = build_model(cfg.model, num_classes=10, in_chans=1)
+    model.load_state_dict(load_checkpoint(latest_checkpoint(tmp_path / "run"))["model"])
+    split = dict(num_samples=300, val_fraction=0.1, test_fraction=0.5, cache=str(tmp_path / "cache"))
+    on = {s: evaluate(model, eval_loader(Mnist1DDataset(s, **split), batch_size=64, rank=0, world_size=1, num_workers=0,
+                                         pin_memory=False), device=torch.device("cpu"), dtype=torch.float32)
+          for s in ("validation", "test")}  # fmt: skip
+    assert (summary["top1"], summary["top5"]) == pytest.approx((on["test"]["top1"], on["test"]["top5"]))
+    assert summary["epochs"][-1]["top1"] == pytest.approx(on["validation"]["top1"])
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["test/top1"] for r in records if "test/top1" in r] == [summary["top1"]]

@@ -54,12 +54,12 @@ def quiet_env():
 
 @pytest.fixture(scope="module")
 def imagenet_root(tmp_path_factory) -> Path:
-    """ImageNet layout: train/<wnid>/*.png (8 per class), val/<wnid>/*.png (4 per class);
-    each class a colour, with noise."""
+    """ImageNet layout: train/<wnid>/*.png (10 per class: 2 go to the minival, 8 train),
+    val/<wnid>/*.png (4 per class); each class a colour, with noise."""
     root = tmp_path_factory.mktemp("imagenet")
     rng = np.random.default_rng(0)
     for label, wnid in enumerate(CLASSES):
-        for split, count in (("train", 8), ("val", 4)):
+        for split, count in (("train", 10), ("val", 4)):
             folder = root / split / wnid
             folder.mkdir(parents=True)
             for i in range(count):
@@ -86,7 +86,7 @@ def deit_overrides(root: Path, *extra: str) -> list[str]:
     """The DeiT recipe (RandAugment, random erasing, Mixup/CutMix, drop path, warm-up + cosine)
     on a 16x16 ViT and the tiny folder: 3 updates of 8 images per epoch."""
     return [
-        "vit_recipe=deit_imagenet", "model=vit_nano", f"data.root={root}", "data.num_workers=1",
+        "vit_recipe=deit_imagenet", "model=vit_nano", f"data.root={root}", "data.minival_size=6", "data.num_workers=1",
         "device=cpu", "train.batch_size=8", "train.base_batch_size=8", "train.warmup_epochs=1",
         "train.eval_batch_size=8", "train.log_interval=2", "acdc.sparsity=0.8", *SHORT_ACDC, *extra,
     ]  # fmt: skip
@@ -142,7 +142,9 @@ def test_tiny_imagefolder_end_to_end(deit_run):
     opt = summary["optimizer"]
     assert (opt["name"], opt["alpha"], opt["beta"], opt["weight_decay"], opt["lr"]) == ("horst", 10.0, 0.1, 0.05, 5e-4)
     assert summary["data"] == {
-        "name": "imagefolder", "root": str(summary["data"]["root"]), "train_images": 24, "val_images": 12, "num_classes": 3, "skipped_images": [],
+        "name": "imagefolder", "root": str(summary["data"]["root"]), "train_images": 24, "val_images": 6, "num_classes": 3, "skipped_images": [],
+        "splits": {"train": "train/ less the 6 minival images", "validation": "minival: 6 images held out of train/ (minival.txt)",
+                   "test": "val/ (the official validation set)"},
     }  # fmt: skip
     assert summary["seed"] == 0 and summary["target_sparsity"] == 0.8 and summary["final_phase"] == "compressed"
     assert summary["acdc"]["prune_epochs"] == [1, 4] and summary["acdc"]["restore_epochs"] == [3]
@@ -323,7 +325,7 @@ def test_ddp_two_processes_with_repeated_augmentation(imagenet_root, tmp_path):
     # RepeatAugSampler: each process takes len(dataset) / 2 = 12 images per epoch, 3 updates
     # of 4; every validation image is counted once over both processes.
     assert summary["train"]["steps"] == 6 * 3
-    assert summary["data"]["val_images"] == 12
+    assert summary["data"]["val_images"] == 6
     numel = summary["model"]["prunable_parameters"]
     assert summary["measured_sparsity"] == math.floor(0.8 * numel) / numel
     assert [e["phase"] for e in summary["epochs"]] == EXPECTED_PHASES

@@ -81,7 +81,8 @@ def export_run(run: RunFolder, out: str | Path, *, sparsity: float | None = None
         raise RunError(f"{run_dir} is not a completed ViT run (no summary.json or its last checkpoint is not the final "
                        "epoch's): its final compressed phase is the model to export; finish the run first")  # fmt: skip
     num_classes = state["model"]["head.weight"].shape[0]
-    model = build_model(cfg.model, num_classes=num_classes)
+    in_chans = state["model"]["patch_embed.proj.weight"].shape[1]  # the data's: 1 for MNIST-1D
+    model = build_model(cfg.model, num_classes=num_classes, in_chans=in_chans)
     model.load_state_dict(state["model"])
     model.eval()
     return export_vit(model, cfg, out, num_classes=num_classes, summary=summary)

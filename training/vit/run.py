@@ -69,7 +69,7 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
     )
     train_set, val_set, classes = data.train, data.val, data.classes
     if data.minival is not None and r.is_main:  # the fixed list of training images held out for validation
-        r.log.write_text("minival.txt", "".join(f"{path}\n" for path in data.minival))
+        (r.run_dir / "minival.txt").write_text("".join(f"{path}\n" for path in data.minival))
     mixup, criterion = build_mixup(cfg.aug, num_classes=len(classes))
     pin_memory = cfg.data.pin_memory and device.type == "cuda"
     train_batches = TrainLoader(
