@@ -93,14 +93,21 @@ def sentinels(tmp_path_factory) -> tuple[Path, dict[tuple[str, str], object]]:
     return root, planted
 
 
+def experiment_values(experiment: str) -> dict[str, object]:
+    """The dotted keys an experiment file sets itself: they win over the tuned files (the
+    experiment comes after the recipe in the defaults list)."""
+    node = yaml.safe_load((CONFIGS / "experiment" / f"{experiment}.yaml").read_text())
+    return {f"{section}.{key}": value for section in ("optimizer", "train") for key, value in (node.get(section) or {}).items()}
+
+
 def cases():
     """Every (pipeline, recipe, optimizer); every experiment, the optimizers taking turns (a
-    composition costs ~0.2-0.5 s here)."""
+    composition costs ~0.2-0.5 s here). The last item: the values the experiment sets itself."""
     for pipeline, optimizer in itertools.product(PIPELINES, OPTIMIZERS):
         for recipe in recipes(pipeline):
-            yield pipeline, recipe, optimizer, [f"{PIPELINES[pipeline][1]}={recipe}"]
+            yield pipeline, recipe, optimizer, [f"{PIPELINES[pipeline][1]}={recipe}"], {}
     for (experiment, (pipeline, recipe)), optimizer in zip(experiments().items(), itertools.cycle(OPTIMIZERS)):
-        yield pipeline, recipe, optimizer, [f"experiment={experiment}"]
+        yield pipeline, recipe, optimizer, [f"experiment={experiment}"], experiment_values(experiment)
 
 
 def _compose(config_dir: Path, pipeline: str, overrides: list[str]):
@@ -115,12 +122,15 @@ CONTROL_DECAY = "optimizer.weight_decay='${sum:${tuned.horst.weight_decay},${tun
 def test_every_value_comes_from_its_owner_and_none_is_dead(sentinels):
     root, planted = sentinels
     reached = set()
-    for pipeline, recipe, optimizer, overrides in cases():
+    for pipeline, recipe, optimizer, overrides, own in cases():
         cfg = _compose(root, pipeline, [f"optimizer={optimizer}", *overrides])
         values = {f"optimizer.{k}": v for k, v in OmegaConf.to_container(cfg.optimizer, resolve=True).items()}
         values.update({f"train.{k}": cfg.train[k] for k in PIPELINES[pipeline][2]})
         for key, value in values.items():
             if key.split(".")[1] in IDENTITY:
+                continue
+            if key in own:
+                assert value == own[key], f"{pipeline} {overrides}: {key} is not the experiment's"
                 continue
             source = (owner(pipeline, recipe, optimizer, key), key.split(".")[1])
             assert source in planted, f"{pipeline} {overrides} optimizer={optimizer}: {key} has no owner in the table"
