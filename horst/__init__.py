@@ -19,7 +19,7 @@ __all__ = ["HAM", "HORST", "HORSTLion", "HORSTSGD", "MirrorOptimizer"]
 
 
 def _register_with_timm() -> None:
-    """registering the optimizers with timm (horst.timm)"""
+    """Registers the optimizers in timm's registry (``horst.timm``)."""
     from horst.timm import register
 
     register()

@@ -12,8 +12,9 @@ Not ported, and why:
 * CUDA only (no GPU here): ``test_forloop_goes_right_direction_multigpu``,
   ``test_fused_large_tensor``, ``test_fused_does_not_step_if_foundinf``,
   ``test_mixed_device_dtype``, ``test_peak_memory_foreach``, ``test_defaults_changed_to_foreach``,
-  ``test_cpu_load_state_dict``, ``test_state_dict_with_cuda_params``, ``test_fused_cpu_matches_cuda``,
-  the ``capturable`` variants (CUDA graphs; ``capturable=True`` is refused, ``test_errors``).
+  ``test_state_dict_with_cuda_params``, ``test_fused_cpu_matches_cuda``, the ``capturable``
+  variants (CUDA graphs; ``capturable=True`` is refused, ``test_errors``).
+  ``test_cpu_load_state_dict`` is in ``tests/test_horst_gpu.py`` (marker ``gpu``).
 * ``foreach`` implementations: ``test_foreach_matches_forloop`` and the foreach memory tests
   (horst has none: ``foreach=True`` is refused with the alternative named, ``test_errors``;
   its fast path is ``fused``, compared with the plain path in ``test_fused_matches_forloop``).
