@@ -79,14 +79,20 @@ def write_run():
 SLURM_CLUSTER_HINT = "SLURM test cluster not running; enable with: bash scripts/slurm_cluster.sh install && bash scripts/slurm_cluster.sh start (as root)"
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster() -> str:
-    """The node of the running single-node cluster (scripts/slurm_cluster.sh), or a skip saying how to start it."""
+def slurm_cluster_node() -> str | None:
+    """The node of the running single-node test cluster (scripts/slurm_cluster.sh), else None."""
     if shutil.which("sinfo") is None:
-        pytest.skip(SLURM_CLUSTER_HINT)
+        return None
     nodes = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True, timeout=30)
     partitions = subprocess.run(["sinfo", "-h", "-o", "%R"], capture_output=True, text=True, timeout=30)
     ready = [line.split()[0] for line in nodes.stdout.splitlines() if line.split()[1] in ("idle", "mixed", "allocated")]
-    if nodes.returncode or not ready or "urgent" not in partitions.stdout.split():
+    return ready[0] if not nodes.returncode and ready and "urgent" in partitions.stdout.split() else None
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> str:
+    """The test cluster's node; the SLURM test modules skip as a whole without it (one line saying how to start it)."""
+    node = slurm_cluster_node()
+    if node is None:
         pytest.skip(SLURM_CLUSTER_HINT)
-    return ready[0]
+    return node
