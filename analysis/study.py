@@ -158,6 +158,7 @@ def plan(presets: Sequence[str], extra: Sequence[str] = (), *, configs: Path = R
                     del job["hydra"]
                     jobs.append(Job(pipeline, preset, overrides, seed, str(folder), str(config.hydra.sweep.dir),
                                     signature_hash(job), job))  # fmt: skip
+        HydraConfig.instance().cfg = None  # set only to resolve the sweep folder: no job of this process runs
         GlobalHydra.instance().clear()
     return jobs
 
