@@ -1,23 +1,29 @@
 """What a multirun would launch, and what it would cost, without launching anything.
 
+    python scripts/plan.py train_vit.py -m optimizer=adamw,horst seed=0,1
     python scripts/plan.py train_vit.py -m +sweep=deit_table data.root=/x hydra/launcher=slurm
     python scripts/plan.py train_gpt2.py -m +sweep=gpt2_table hydra/launcher=slurm_1gpu
-    python scripts/plan.py train_vit.py -m +sweep=horst_alpha_beta seed=0,1
 
 Give the entry point and the same arguments as for the real multirun (`-m` may be left out).
 The entry point is imported, not run: its `@hydra.main` names the config folder and primary
-config, and its import registers the config schemas. Then Hydra composes the multirun config
-(`compose_config(..., RunMode.MULTIRUN)`), the sweep's `hydra.sweeper.params` and the command
-line's overrides go through Hydra's own `OverridesParser` (which expands `glob(...)` over a
-config group's options, `range(...)`, `a,b,c`) and `BasicSweeper.split_arguments`, and every
-cell is composed as Hydra would compose its job (`ConfigLoader.load_sweep_config`), so a cell
-that would fail to compose fails here, before anything is submitted.
+config, and its import registers the config schemas. The command line is expanded as Hydra's
+basic sweeper expands it (the sweep preset's `hydra.sweeper.params`, then the command line's
+overrides; `a,b,c`, `range(...)`, `glob(...)` over a config group's options; the product of
+all), through Hydra's public parser (`OverridesParser`, `Override.sweep_string_iterator`),
+and every cell is composed with Hydra's compose API as its job would be. Then each cell goes
+through the pipeline's own checks (the ones a run makes at start-up, with the launcher's
+process count) and its data-path checks (`--no-data-check` where the data exist only on the
+compute nodes). A cell that would fail is refused, one line each, and nothing is planned.
 
-Printed: the cells (their sweep overrides, experiment preset, estimated GPU-hours), their
-count, the launcher with the resources of one job, and the total GPU-hours. The estimates come
-from `configs/costs.yaml` (GPU-hours per run of each experiment preset, each number with its
-source), scaled linearly by the cell's training length where it differs from the preset's
-(`train.epochs` for ViT, `train.max_steps` x `train.batch_size` for GPT-2).
+Printed: the cells (their sweep overrides, experiment preset, estimated GPU-hours), the
+launcher with the resources of one job, the total GPU-hours as a range, and the assumptions
+behind the range. The estimates come from `configs/costs.yaml` (GPU-hours per run of each
+experiment preset, with a lower and an upper figure and their sources), scaled linearly by
+the cell's training length where it differs from the preset's (`train.epochs` for ViT,
+`train.max_steps` x `train.batch_size` for GPT-2).
+
+`expand(entry, overrides)` is the expansion other code imports (scripts/embedded_study.py):
+the multirun's base config and its composed cells.
 """
 
 from __future__ import annotations
@@ -25,21 +31,24 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import itertools
 import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as `python scripts/plan.py`: the repository's packages
+    sys.path.insert(0, str(REPO))
 COSTS = REPO / "configs" / "costs.yaml"
 MULTIRUN_FLAGS = ("-m", "--multirun")
 
 
 class PlanError(RuntimeError):
-    pass
+    """A command line that cannot be planned; the message is the lines to print."""
 
 
 @dataclass
@@ -49,15 +58,22 @@ class Entry:
     config_name: str
     version_base: str | None
 
+    @property
+    def pipeline(self) -> str:
+        """vit | gpt2: the entry point's primary config is train_<pipeline>."""
+        return self.config_name.removeprefix("train_")
+
 
 @dataclass
 class Cell:
     overrides: list[str]  # the job's sweep overrides, as Hydra passes them
     choices: dict[str, Any]  # hydra.runtime.choices: the config group options composed
     config: Any  # the job's config (DictConfig), hydra node included
-    gpu_hours: float | None = None
+    gpu_hours: float | None = None  # the cost table's lower figure, scaled to the cell
+    gpu_hours_max: float | None = None  # its upper figure
     gpu: str | None = None
     cpu_minutes: float = 0.0  # the embedded defaults: CPU time instead of GPU-hours
+    assumption: str = ""  # what the cost range assumes (costs.yaml)
     note: str = ""
 
 
@@ -97,40 +113,168 @@ def load_entry(script: str | Path) -> Entry:
 
 
 @contextlib.contextmanager
-def _hydra(entry: Entry) -> Iterator[Any]:
+def _hydra(entry: Entry) -> Iterator[None]:
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(entry.config_dir), version_base=entry.version_base, job_name="plan"):
-        yield GlobalHydra.instance().hydra
+        yield
+
+
+def one_line(error: BaseException) -> str:
+    """Hydra's and OmegaConf's multi-line messages as one line."""
+    text = str(error).split("\nConfig search path:")[0]  # Hydra's list of its search path says nothing here
+    line, listing = "", False
+    for part in (p.strip() for p in text.splitlines() if p.strip()):
+        line += (", " if listing and not part.endswith(":") else "; " if line else "") + part
+        listing = listing or part.endswith(":")
+    return line.replace(":, ", ": ") or type(error).__name__
+
+
+def _compose(entry: Entry, overrides: list[str]) -> Any:
+    from hydra import compose
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return compose(config_name=entry.config_name, overrides=overrides, return_hydra_config=True)
+    except (HydraException, OmegaConfBaseException) as error:
+        raise PlanError(one_line(error)) from None
+
+
+def sweep_jobs(arguments: Sequence[str], *, config_loader: Any = None) -> list[list[str]]:
+    """The jobs of a multirun's task overrides, as Hydra's basic sweeper makes them: one
+    list of `key=value` per job, the product of every override's values; a key given twice
+    takes its last value (so the command line wins over the sweep preset's params)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create(config_loader=config_loader).parse_overrides(list(arguments))
+    except HydraException as error:
+        raise PlanError(one_line(error)) from None
+    values: dict[str, list[str]] = {}
+    for override in parsed:
+        key = override.get_key_element()
+        if not override.is_sweep_override():
+            values[key] = [f"{key}={override.get_value_element_as_str()}"]
+        elif override.is_discrete_sweep():
+            values[key] = [f"{key}={value}" for value in override.sweep_string_iterator()]
+        else:
+            raise PlanError(f"{override.input_line}: Hydra's basic sweeper sweeps lists, not {override.value_type.name}")
+    return [list(job) for job in itertools.product(*values.values())]
 
 
 def expand(entry: Entry, overrides: Sequence[str]) -> tuple[Any, list[Cell]]:
-    """(the multirun config, its cells), as Hydra's BasicSweeper would launch them."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.types import RunMode
-    from omegaconf import OmegaConf
+    """(the multirun's base config, its cells): every cell composed as its job would be.
 
-    with _hydra(entry) as hydra_app:
-        config = hydra_app.compose_config(
-            config_name=entry.config_name, overrides=list(overrides), run_mode=RunMode.MULTIRUN,
-            from_shell=True, with_log_configuration=False,
-        )  # fmt: skip
-        sweeper = config.hydra.sweeper
+    The base config is the command line without its sweeps; it gives the sweep preset's
+    `hydra.sweeper.params` and the launcher. A cell that does not compose is a `PlanError`
+    naming it."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf, open_dict
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except HydraException as error:
+        raise PlanError(one_line(error)) from None
+    for override in parsed:
+        if override.is_hydra_override() and override.is_sweep_override():
+            raise PlanError(f"{override.input_line}: Hydra does not sweep over its own configuration")
+    hydra_overrides = [o.input_line for o in parsed if o.is_hydra_override()]
+    task_overrides = [o.input_line for o in parsed if not o.is_hydra_override()]
+    with _hydra(entry):
+        base = _compose(entry, [o.input_line for o in parsed if not o.is_sweep_override()])
+        sweeper = base.hydra.sweeper
         if not str(sweeper.get("_target_", "")).endswith("BasicSweeper"):
             raise PlanError(f"plan.py expands Hydra's basic sweeper only; this multirun uses {sweeper._target_}")
-        params = [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
-        arguments = params + list(OmegaConf.to_container(config.hydra.overrides.task))
-        parsed = OverridesParser.create(config_loader=hydra_app.config_loader).parse_overrides(arguments)
-        jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+        params = [f"{key}={value}" for key, value in (sweeper.get("params") or {}).items()]
+        jobs = sweep_jobs(params + task_overrides, config_loader=GlobalHydra.instance().config_loader())
         cells = []
-        for job in jobs:
-            job_config = hydra_app.config_loader.load_sweep_config(config, list(job))
-            choices = OmegaConf.to_container(job_config.hydra.runtime.choices)
-            cells.append(Cell(list(job), choices, job_config))
-    return config, cells
+        for num, job in enumerate(jobs):
+            try:
+                config = _compose(entry, hydra_overrides + job)
+            except PlanError as error:
+                raise PlanError(f"cell {num} ({' '.join(job)}) does not compose: {error}") from None
+            with open_dict(config):  # what Hydra's multirun sets in each job's config
+                config.hydra.job.num = num
+                config.hydra.job.id = f"plan_{num}"
+            cells.append(Cell(job, OmegaConf.to_container(config.hydra.runtime.choices), config))
+    return base, cells
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def job_config(cell: Cell) -> Any:
+    """The cell's config without its hydra node, as the run sees it (`${hydra:...}` resolvable)."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    HydraConfig.instance().set_config(cell.config)
+    config = cell.config.copy()
+    with open_dict(config):
+        del config["hydra"]
+    return config
+
+
+def world_size(config: Any) -> int:
+    """The processes of one job: the launcher's nodes x tasks per node (1: Hydra's basic
+    launcher; a torchrun launch is planned per process count by the user)."""
+    launcher = config.hydra.launcher
+    if "tasks_per_node" not in launcher:
+        return 1
+    return int(launcher.get("nodes") or 1) * int(launcher.tasks_per_node)
+
+
+def _vit_checks(cfg: Any, *, world_size: int, data: bool) -> None:
+    from training.vit.config import check_prunable_set, validate
+    from training.vit.data import check_imagefolder_root
+
+    validate(cfg, world_size=world_size)
+    check_prunable_set(cfg)
+    if data and cfg.data.name == "imagefolder":
+        check_imagefolder_root(cfg.data.root)
+
+
+def _gpt2_checks(cfg: Any, *, world_size: int, data: bool) -> None:
+    from training.gpt2.config import validate
+    from training.gpt2.data import PREPARE_SLIMPAJAMA, load_split
+
+    validate(cfg, world_size=world_size)
+    if data and cfg.data.name != "pydoc":  # the embedded pydoc set is tokenized on first use
+        for split in ("train", "val"):
+            load_split(cfg.data.dir, split, prepare_command=PREPARE_SLIMPAJAMA.format(dir=cfg.data.dir))
+
+
+# The start-up checks of each entry point's pipeline: its own `validate` and its data paths.
+CHECKS: dict[str, Callable[..., None]] = {"vit": _vit_checks, "gpt2": _gpt2_checks}
+
+
+def check(entry: Entry, cells: list[Cell], *, data: bool = True) -> list[str]:
+    """One line per problem that would stop cells at start-up, naming the cells; [] if none."""
+    from training.config import RunError
+
+    problems: dict[str, list[int]] = {}
+    for num, cell in enumerate(cells):
+        try:
+            CHECKS[entry.pipeline](job_config(cell), world_size=world_size(cell.config), data=data)
+        except RunError as error:
+            problems.setdefault(str(error), []).append(num)
+    lines = []
+    for message, nums in problems.items():
+        if len(nums) == len(cells) > 1:
+            where = f"every cell ({len(cells)})"
+        elif len(nums) == 1:
+            cell = cells[nums[0]]
+            where = f"cell {nums[0]} ({' '.join(_varying(cells, cell) or cell.overrides) or 'no overrides'})"
+        else:
+            where = f"cells {', '.join(map(str, nums))}"
+        lines.append(f"{where}: {message}")
+    return lines
 
 
 # ------------------------------------------------------------------------------ costs
@@ -149,8 +293,8 @@ def _select(config: Any, key: str) -> Any:
 
 
 def estimate(cell: Cell, costs: dict[str, Any], config_name: str) -> None:
-    """Fill cell.gpu_hours/gpu/note from the cost table: the experiment preset's entry (the
-    embedded default's where no experiment is chosen), scaled by the training length."""
+    """Fill the cell's cost from the cost table: the experiment preset's entry (the embedded
+    default's where no experiment is chosen), scaled by the training length."""
     experiment = cell.choices.get("experiment")
     entry = costs.get("experiments", {}).get(experiment) if experiment else costs.get("embedded", {}).get(config_name)
     if entry is None:
@@ -166,8 +310,11 @@ def estimate(cell: Cell, costs: dict[str, Any], config_name: str) -> None:
     model = entry.get("model")
     if model and cell.choices.get("model") not in (None, model):
         notes.append(f"model={cell.choices.get('model')}, but the cost is {model}'s")
-    cell.gpu_hours, cell.gpu = float(entry["gpu_hours"]) * scale, entry["gpu"]
+    cell.gpu_hours = float(entry["gpu_hours"]) * scale
+    cell.gpu_hours_max = float(entry.get("gpu_hours_max", entry["gpu_hours"])) * scale
+    cell.gpu = entry["gpu"]
     cell.cpu_minutes = float(entry.get("cpu_minutes", 0.0)) * scale
+    cell.assumption = entry.get("assumption", "")
     cell.note = "; ".join(notes)
 
 
@@ -176,6 +323,20 @@ def estimate(cell: Cell, costs: dict[str, Any], config_name: str) -> None:
 
 def _hours(value: float) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
+
+
+def _range(low: float, high: float) -> str:
+    """`low-high` in the precision of the larger."""
+    if _hours(low) == _hours(high):
+        return _hours(low)
+    return f"{low:,.0f}-{high:,.0f}" if high >= 100 else f"{low:.1f}-{high:.1f}"
+
+
+def _varying(cells: list[Cell], cell: Cell) -> list[str]:
+    """The cell's overrides whose key takes more than one value over the cells."""
+    keys = {o.split("=", 1)[0] for c in cells for o in c.overrides}
+    varying = {k for k in keys if len({o for c in cells for o in c.overrides if o.split("=", 1)[0] == k}) > 1}
+    return [o for o in cell.overrides if o.split("=", 1)[0] in varying]
 
 
 def launcher_lines(config: Any, cells: list[Cell]) -> list[str]:
@@ -192,66 +353,76 @@ def launcher_lines(config: Any, cells: list[Cell]) -> list[str]:
                      f"partition {launcher.get('partition')}, account {launcher.get('account')} "
                      "(set with hydra.launcher.partition=... hydra.launcher.account=...)")  # fmt: skip
         per_job = nodes * gpus
-        longest = max((c.gpu_hours for c in cells if c.gpu_hours is not None), default=None)
+        longest = max((c.gpu_hours_max for c in cells if c.gpu_hours_max is not None), default=None)
         if per_job and longest:
             wall = longest / per_job
-            lines.append(f"  longest job: ~{_hours(wall)} h of wall-clock on {per_job} GPU(s) of the cost table's kind"
+            lines.append(f"  longest job: up to ~{_hours(wall)} h of wall-clock on {per_job} GPU(s) of the cost table's kind"
                          + (f" = {math.ceil(wall / timeout_h)} time slots of {timeout_h:g} h (checkpoint and requeue)"
                             if timeout_h and wall > timeout_h else ""))  # fmt: skip
     elif "LocalLauncher" in target:
         lines.append(f"  submitit's local executor: {len(cells)} subprocesses on this machine")
     else:
         lines.append(f"  Hydra's basic launcher: the {len(cells)} cells one after another in this process")
-    lines.append("  the launching command blocks until every job has ended (Hydra collects each job's result): "
-                 "run it inside tmux/screen or with nohup, and keep that shell alive for the whole sweep")  # fmt: skip
     return lines
 
 
-def render(entry: Entry, config: Any, cells: list[Cell], command: Sequence[str]) -> str:
-    from omegaconf import OmegaConf
-
-    params = OmegaConf.to_container(config.hydra.sweeper.get("params") or {})
-    varying = [k for k in dict.fromkeys(o.split("=", 1)[0] for c in cells for o in c.overrides)
-               if len({o for c in cells for o in c.overrides if o.split("=", 1)[0] == k}) > 1]  # fmt: skip
-    fixed = [o for o in (cells[0].overrides if cells else []) if o.split("=", 1)[0] not in varying]
+def render(entry: Entry, config: Any, cells: list[Cell], command: Sequence[str], *, data_checked: bool = True) -> str:
+    params = config.hydra.sweeper.get("params") or {}
+    fixed = [o for o in (cells[0].overrides if cells else []) if o not in _varying(cells, cells[0])]
+    shown = entry.script.relative_to(REPO) if entry.script.is_relative_to(REPO) else entry.script
     lines = [
-        "plan: python " + " ".join([str(entry.script.relative_to(REPO)) if entry.script.is_relative_to(REPO) else str(entry.script), "-m", *command]),
+        "plan: python " + " ".join([str(shown), "-m", *command]),
         "sweep params (hydra.sweeper.params): " + (", ".join(f"{k}: {v}" for k, v in params.items()) or "none"),
         "the same in every cell: " + (" ".join(fixed) or "nothing"),
+        f"every cell passed the pipeline's start-up checks with {world_size(config)} process(es) per job"
+        + ("" if data_checked else " (data paths not checked: --no-data-check)"),
         "",
         f"{len(cells)} cells:",
     ]
     rows = [("#", "cell overrides", "experiment", "est. GPU-h")]
     for i, cell in enumerate(cells):
-        mine = " ".join(o for o in cell.overrides if o.split("=", 1)[0] in varying) or "(none)"
         if cell.gpu_hours is None:
             cost = "?"
         elif cell.gpu == "CPU":
             cost = f"0 (CPU, ~{cell.cpu_minutes:g} min)"
         else:
-            cost = f"{_hours(cell.gpu_hours)} {cell.gpu}"
+            cost = f"{_range(cell.gpu_hours, cell.gpu_hours_max)} {cell.gpu}"
+        mine = " ".join(_varying(cells, cell)) or "(none)"
         rows.append((str(i), mine, str(cell.choices.get("experiment") or "(embedded default)"), cost + (f"  [{cell.note}]" if cell.note else "")))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     lines += ["  " + "  ".join(r[i].ljust(widths[i]) for i in range(3)) + "  " + r[3] for r in rows]
     lines.append("")
-    by_gpu: dict[str, float] = {}
+    low: dict[str, float] = {}
+    high: dict[str, float] = {}
     for cell in cells:
         if cell.gpu_hours is not None and cell.gpu != "CPU":
-            by_gpu[cell.gpu] = by_gpu.get(cell.gpu, 0.0) + cell.gpu_hours
+            low[cell.gpu] = low.get(cell.gpu, 0.0) + cell.gpu_hours
+            high[cell.gpu] = high.get(cell.gpu, 0.0) + cell.gpu_hours_max
     unknown = sum(c.gpu_hours is None for c in cells)
     cpu = [c for c in cells if c.gpu == "CPU"]
-    total = " + ".join(f"{_hours(h)} {gpu}-hours" for gpu, h in by_gpu.items()) or "0 GPU-hours"
+    total = " + ".join(f"{_range(low[gpu], high[gpu])} {gpu}-hours" for gpu in low) or "0 GPU-hours"
     if cpu:
         total += f" (and {len(cpu)} CPU runs, ~{sum(c.cpu_minutes for c in cpu):g} CPU-minutes)"
     lines.append(f"total: {len(cells)} runs, {total} (estimate from configs/costs.yaml)"
                  + (f"; {unknown} cells without a cost entry not counted" if unknown else ""))  # fmt: skip
+    assumptions = list(dict.fromkeys(c.assumption for c in cells if c.assumption))
+    if assumptions:
+        lines.append("the range assumes:")
+        lines += [f"  - {a}" for a in assumptions]
     lines += launcher_lines(config, cells)
     lines.append("nothing was submitted; to launch, run the command above without scripts/plan.py")
     return "\n".join(lines)
 
 
 def plan(script: str | Path, overrides: Sequence[str], *, costs: Path = COSTS) -> tuple[Entry, Any, list[Cell]]:
+    """(entry, base config, cells with their costs) of a multirun command line; the keys are
+    checked for misspellings first (`training.presets.misspelt_key`)."""
+    from training.presets import misspelt_key
+
     entry = load_entry(script)
+    problem = misspelt_key(entry.pipeline, overrides)
+    if problem:
+        raise PlanError(problem)
     config, cells = expand(entry, overrides)
     table = load_costs(costs)
     for cell in cells:
@@ -262,9 +433,13 @@ def plan(script: str | Path, overrides: Sequence[str], *, costs: Path = COSTS) -
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--costs", default=str(COSTS), help="cost table (default %(default)s)")
+    parser.add_argument("--no-data-check", action="store_true",
+                        help="skip the data-path checks (the data exist only where the jobs run, e.g. per-job staging)")  # fmt: skip
     parser.add_argument("script", help="the entry point: train_vit.py or train_gpt2.py")
     parser.add_argument("overrides", nargs=argparse.REMAINDER, help="the multirun's arguments (Hydra overrides; -m optional)")
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    own = [a for a in argv if a == "--no-data-check"]  # may follow the entry point, with the overrides
+    args = parser.parse_args([*own, *(a for a in argv if a not in own)])
     overrides = [o for o in args.overrides if o not in MULTIRUN_FLAGS]
     flags = [o for o in overrides if o.startswith("-")]
     if flags:
@@ -273,7 +448,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         entry, config, cells = plan(args.script, overrides, costs=Path(args.costs))
     except PlanError as error:
         sys.exit(f"error: {error}")
-    print(render(entry, config, cells, overrides))
+    problems = check(entry, cells, data=not args.no_data_check)
+    if problems:
+        for line in problems:
+            print(f"error: {line}", file=sys.stderr)
+        sys.exit("refused: the cells above would fail at start-up; fix them, nothing was planned")
+    print(render(entry, config, cells, overrides, data_checked=not args.no_data_check))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ process); tests use the plain path except those that ask for ``fused=True`` expl
 
 import json
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -72,3 +74,19 @@ def write_run():
         return folder
 
     return write
+
+# ---- the real SLURM cluster of scripts/slurm_cluster.sh (tests/test_slurm_*.py) ---------------
+SLURM_CLUSTER_HINT = "SLURM test cluster not running; enable with: bash scripts/slurm_cluster.sh install && bash scripts/slurm_cluster.sh start (as root)"
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> str:
+    """The node of the running single-node cluster (scripts/slurm_cluster.sh), or a skip saying how to start it."""
+    if shutil.which("sinfo") is None:
+        pytest.skip(SLURM_CLUSTER_HINT)
+    nodes = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True, timeout=30)
+    partitions = subprocess.run(["sinfo", "-h", "-o", "%R"], capture_output=True, text=True, timeout=30)
+    ready = [line.split()[0] for line in nodes.stdout.splitlines() if line.split()[1] in ("idle", "mixed", "allocated")]
+    if nodes.returncode or not ready or "urgent" not in partitions.stdout.split():
+        pytest.skip(SLURM_CLUSTER_HINT)
+    return ready[0]

@@ -1,6 +1,10 @@
-"""A stand-in for SLURM's commands on this machine, so that submitit's real SLURM executor
-runs its real sbatch scripts here (tests/test_launchers.py puts links to this file named
-sbatch, srun, sacct, squeue and scontrol on PATH; it acts as the one it is called as).
+"""A stand-in for SLURM's commands, for what the one-node test cluster (scripts/slurm_cluster.sh,
+tests/test_slurm_cluster.py) cannot show: jobs that ask for GPUs (the node has none, and real
+sbatch refuses them) and, with them, the presets as users submit them on a GPU cluster.
+Submitit's real SLURM executor runs its real sbatch scripts through it (tests/test_launchers.py
+puts links to this file named sbatch, srun, sacct, squeue and scontrol on PATH; it acts as the
+one it is called as). Scheduling, signals, preemption, requeues and accounting are tested
+against real SLURM, not here.
 
 * `sbatch SCRIPT`: keeps a copy of the script (`<state>/<job>.sbatch`), prints
   "Submitted batch job <job>" and runs each array task of it in the background with the

@@ -13,11 +13,11 @@ import pruning
 from tests.test_gpt2_pipeline import compose_cfg, pydoc_dir, tiny_overrides  # noqa: F401 (pydoc_dir: a fixture)
 from tests.test_vit_pipeline import _compose as compose_vit_cfg
 from tests.test_vit_pipeline import deit_overrides, imagenet_root  # noqa: F401 (imagenet_root: a fixture)
-from training.export import export_run
 from training.gpt2.data import gpt2_tokenizer, load_data
 from training.gpt2.evaluate import evaluate_lm
 
 EXPORT_SCRIPT = pytest.importorskip("scripts.export")
+export_run = EXPORT_SCRIPT.export_run
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +111,11 @@ def vit_run(imagenet_root, tmp_path_factory):  # noqa: F811
     return summary, run_dir
 
 
-def test_vit_export_loads_with_timm_and_gives_the_runs_accuracy(vit_run, tmp_path):
+def test_vit_export_loaded_the_timm_way_gives_the_runs_accuracy(vit_run, tmp_path):
+    """timm.create_model + resolve_data_config + create_transform, nothing of this repository's
+    but the validation images: the export's preprocessing is the run's eval transform."""
     import timm
+    from timm.data import create_transform, resolve_data_config
 
     from training.vit.data import build_datasets, build_transforms, eval_loader
     from training.vit.model import evaluate
@@ -120,27 +123,40 @@ def test_vit_export_loads_with_timm_and_gives_the_runs_accuracy(vit_run, tmp_pat
     summary, run_dir = vit_run
     out = tmp_path / "vit"
     facts = export_run(run_dir, out, to="timm")
+    model = timm.create_model(f"local-dir:{out}", pretrained=True)
+    transform = create_transform(**resolve_data_config(model=model))
     cfg = compose_vit_cfg(deit_overrides(summary["data"]["root"]))
-    m = cfg.model
-    model = timm.create_model(
-        m.timm_name, pretrained=True, num_classes=3, img_size=m.img_size, patch_size=m.patch_size,
-        embed_dim=m.embed_dim, depth=m.depth, num_heads=m.num_heads,
-        pretrained_cfg_overlay=dict(file=str(out / "model.safetensors"), num_classes=3),
-    )  # fmt: skip
-    _, eval_transform = build_transforms(cfg.aug, img_size=m.img_size)
-    _, val_set, _ = build_datasets(cfg.data, train_transform=eval_transform, eval_transform=eval_transform)
+    _, run_transform = build_transforms(cfg.aug, img_size=cfg.model.img_size)
+    assert repr(transform) == repr(run_transform)
+    _, val_set, _ = build_datasets(cfg.data, train_transform=transform, eval_transform=transform)
     loader = eval_loader(val_set, batch_size=8, rank=0, world_size=1, num_workers=0, pin_memory=False)
     result = evaluate(model, loader, device=torch.device("cpu"), dtype=torch.float32)
     assert result["top1"] == pytest.approx(summary["top1"], rel=1e-4) and result["top5"] == pytest.approx(summary["top5"], rel=1e-4)
     assert result["loss"] == pytest.approx(summary["epochs"][-1]["val_loss"], rel=1e-4)  # sharper than this easy top-1
     weights = pruning.prunable_parameters(model, "vit")
     assert pruning.sparsity_stats(weights)["overall"] == summary["measured_sparsity"] == facts["measured_sparsity"]
-    # timm's own folder format loads too (config.json + model.safetensors).
-    local = timm.create_model(f"local-dir:{out}", pretrained=True)
-    assert all(torch.equal(a, b) for a, b in zip(local.state_dict().values(), model.state_dict().values()))
+    # The other timm way: the architecture by name, the file as an overlay.
+    m = cfg.model
+    by_name = timm.create_model(
+        m.timm_name, pretrained=True, num_classes=3, img_size=m.img_size, patch_size=m.patch_size,
+        embed_dim=m.embed_dim, depth=m.depth, num_heads=m.num_heads,
+        pretrained_cfg_overlay=dict(file=str(out / "model.safetensors"), num_classes=3),
+    )  # fmt: skip
+    assert all(torch.equal(a, b) for a, b in zip(by_name.state_dict().values(), model.state_dict().values()))
     card = (out / "README.md").read_text()
     assert f"top-1 {summary['top1']:.4f}" in card and "AC/DC" in card and summary["optimizer"]["name"] in card
-    assert json.loads((out / "config.json").read_text())["num_classes"] == 3
+    config = json.loads((out / "config.json").read_text())
+    assert config["num_classes"] == 3 and config["pretrained_cfg"]["crop_pct"] == cfg.aug.crop_pct
+
+
+def test_the_shared_export_knows_no_pipeline():
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse((Path(__file__).resolve().parents[1] / "training" / "export.py").read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
+        a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}  # fmt: skip
+    assert not any(name.startswith(("training.gpt2", "training.vit")) for name in imported), imported
 
 
 def test_vit_export_refuses_a_sparsity(vit_run, tmp_path):

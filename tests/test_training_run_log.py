@@ -88,3 +88,28 @@ def test_wandb_online_without_an_api_key_is_one_line_with_the_fix(tmp_path, monk
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "home" / ".config" / "wandb"))
     with pytest.raises(RunError, match=r"W&B could not start a online run \(.*API key.*\): run `wandb login` or set WANDB_API_KEY"):
         RunLogger(tmp_path / "run", {"lr": 0.1}, mode="online", project="horst-test")
+
+
+def test_progress_in_a_log_file_is_plain_lines_with_the_postfix(capsys):
+    """Where stderr is not a terminal (pytest captures it: a pipe, as in a batch job's log),
+    the progress bar is one plain line per `set_postfix`, no `\\r` redraws."""
+    import sys
+
+    from training.run_log import LogLines, progress_bar
+
+    assert not sys.stderr.isatty()
+    bar = progress_bar(total=20, initial=10, desc="train")
+    assert isinstance(bar, LogLines)
+    for _ in range(5):
+        bar.update()
+    bar.set_postfix(loss="3.210", lr="1.00e-03", refresh=False)
+    bar.set_description("epoch 1 compressed")
+    bar.update()
+    bar.set_postfix(loss="3.000")
+    bar.write("epoch done")
+    progress_bar(total=5, disable=True).set_postfix(loss="1")  # another process's: silent
+    bar.close()
+    out, err = capsys.readouterr()
+    assert out.splitlines() == ["train: step 15/20 loss 3.210 lr 1.00e-03", "epoch 1 compressed: step 16/20 loss 3.000",
+                                "epoch done"]  # fmt: skip
+    assert "\r" not in out + err

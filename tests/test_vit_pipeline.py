@@ -236,6 +236,26 @@ def test_resume_mid_compressed_phase_matches_uninterrupted_run(deit_run, imagene
     assert strip(read_records(run_dir)) == strip(read_records(reference))
 
 
+def test_gradient_accumulation_gives_the_update_of_the_whole_batch(imagenet_root, tmp_path):
+    """train.accum_steps=2 (two passes of 4 images, Mixup/CutMix over the whole 8) trains the
+    weights of one pass of 8, to float rounding (no drop path: it draws per pass). SGD: its
+    update is linear in the gradient, so a gradient off by the factor 2 would show."""
+    from training.checkpoint import latest_checkpoint, load_checkpoint
+
+    weights, losses = {}, {}
+    for accum in (1, 2):
+        overrides = deit_overrides(imagenet_root, "optimizer=sgd", "model.drop_path=0", f"train.accum_steps={accum}",
+                                   "logging.mode=disabled")  # fmt: skip
+        summary = run(_compose(overrides), run_dir=tmp_path / f"accum{accum}")
+        weights[accum] = load_checkpoint(latest_checkpoint(tmp_path / f"accum{accum}"))["model"]
+        losses[accum] = [epoch["train_loss"] for epoch in summary["epochs"]]
+        assert summary["train"]["steps"] == 18
+    assert losses[2] == pytest.approx(losses[1], rel=1e-5)
+    for name, value in weights[1].items():
+        torch.testing.assert_close(weights[2][name], value, rtol=1e-4, atol=1e-5, msg=name)
+    assert any(not torch.equal(weights[2][n], v) for n, v in weights[1].items())  # two passes really ran
+
+
 def test_embedded_default_with_fewer_epochs(tmp_path, monkeypatch, capsys):
     """`python train_vit.py` (digits, 90 %), with 5 epochs instead of 40: dense 0, compressed 1,
     decompressed 2, compressed 3-4."""

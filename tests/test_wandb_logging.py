@@ -120,3 +120,48 @@ def test_a_failed_cell_of_a_one_process_multirun_ends_as_failed_and_gives_back_t
     assert signal.getsignal(signal.SIGUSR2) is before
     assert not (failed / ".lock").exists() and not (finished / ".lock").exists()
 
+
+
+def test_an_offline_run_continued_after_an_interruption_is_one_offline_folder_with_the_whole_log(
+    imagenet_root, tmp_path, monkeypatch, capfd
+):  # fmt: skip
+    """W&B cannot append to an offline run: the continued run's folder gets the whole log
+    (replayed from metrics.jsonl), the interrupted run's folder goes, and `wandb sync` of the
+    one folder printed at the end uploads what an uninterrupted run would have."""
+    from training import runner
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WANDB_SILENT", raising=False)  # W&B's own warnings must show, if any
+    overrides = deit_overrides(imagenet_root)
+    reference = tmp_path / "reference"
+    vit_run(_compose(overrides), run_dir=reference)
+
+    class Interrupted(Exception):
+        pass
+
+    save_checkpoint = runner.save_checkpoint
+
+    def save_then_die_after_epoch_1(state, path):
+        save_checkpoint(state, path)
+        if state["epoch"] == 2:
+            raise Interrupted
+
+    run_dir = tmp_path / "interrupted"
+    monkeypatch.setattr(runner, "save_checkpoint", save_then_die_after_epoch_1)
+    with pytest.raises(Interrupted):
+        vit_run(_compose(overrides), run_dir=run_dir)
+    monkeypatch.setattr(runner, "save_checkpoint", save_checkpoint)
+    runner._open_run.close(exit_code=1)  # as hydra_task closes a run that raised
+    capfd.readouterr()
+    vit_run(_compose(overrides), run_dir=run_dir)
+    out, err = capfd.readouterr()
+
+    (folder,) = (run_dir / "wandb").glob("offline-run-*")  # one folder, whatever the resumes
+    assert f"W&B offline run: upload it with `wandb sync {folder}`" in out
+    assert "resume" not in err.lower(), err  # no "`resume` will be ignored" from W&B
+    volatile = {"_runtime", "_timestamp", "perf/images_per_s"}
+    history = [{k: v for k, v in row.items() if k not in volatile} for row in read_wandb_run(run_dir)["history"]]
+    expected = [{k: v for k, v in row.items() if k not in volatile} for row in read_wandb_run(reference)["history"]]
+    files = ("path", "sha256", "artifact")  # where a table's file lies: random per run
+    strip_files = lambda rows: [{k: v for k, v in r.items() if not any(f in k for f in files)} for r in rows]  # noqa: E731
+    assert strip_files(history) == strip_files(expected)

@@ -13,7 +13,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Iterable, List, Mapping, Optional
 
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
+
+
+# `${dirname_suffix:${hydra:job.override_dirname}}` in the run folder names (configs/train_*.yaml):
+# "_key=value,..." for a command line's overrides, nothing without any.
+OmegaConf.register_new_resolver("dirname_suffix", lambda dirname: f"_{dirname}" if dirname else "", replace=True)
 
 import training.resolvers  # noqa: F401  (registers the configs' resolvers, e.g. `sum`, for every entry point)
 

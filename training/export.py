@@ -1,308 +1,59 @@
-"""Pruned models that leave the repository: a `transformers` folder for GPT-2, a timm
-safetensors folder for ViT, each with a model card (README.md).
+"""What every pipeline's export shares, knowing no pipeline: reading a run folder (its latest
+checkpoint, config and summary) and the model card's common lines.
 
-* GPT-2: `save_pretrained(safe_serialization=True)` (config.json, model.safetensors) plus
-  GPT-2's tokenizer files, loadable offline with `GPT2LMHeadModel.from_pretrained(out)` and
-  `AutoTokenizer.from_pretrained(out)`. The model is a pruned copy of the trained one,
-  pruned as the pipeline's one-shot evaluation prunes (`training.gpt2.evaluate.prune_copy`).
-* ViT: `model.safetensors` and timm's `config.json`, loadable with
-  `timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=..., num_classes=N), ...)`
-  or `timm.create_model("local-dir:" + out, pretrained=True)`. The final checkpoint of a
-  completed AC/DC run is the final compressed phase's sparse model: exported as it is.
-
-Weights are written in float32: pruned entries stay exact zeros. `export_run` rebuilds a
-model from a run folder (`scripts/export.py`); `export_gpt2` is also the end-of-run switch
-of the GPT-2 pipeline (`export.enabled`).
+Each pipeline writes its own format over this: `training.gpt2.export` a `transformers`
+folder, `training.vit.export` a timm folder; `scripts/export.py` picks one by `--to`.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
-import pruning
 from training.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
-from training.config import RunError
-from training.run_log import git_commit
-
-SUMMARY_FILE = "summary.json"
+from training.run_log import SUMMARY_FILE, git_commit
 
 
-def export_gpt2(
-    model: torch.nn.Module,
-    cfg,
-    out: str | Path,
-    *,
-    sparsity: float,
-    method: str,
-    pattern: str,
-    evaluate,
-    calibration_tokens=None,
-    evaluation: dict | None = None,
-    summary: dict | None = None,
-    write: bool = True,
-    vocabulary=None,
-) -> dict[str, Any]:
-    """Prune a copy of the trained `model` as `cfg.prune` prunes (`method`, `pattern`,
-    `sparsity`; Wanda calibrated as `prune.calibration_*` say), evaluate it with
-    `evaluate(model)` unless `evaluation` (the run's one-shot results) already holds that
-    row, and (if `write`: the main process) save it to `out` with the tokenizer and a model
-    card. `vocabulary` (GPT-2 ids; None: GPT-2's own) is the run's `data.vocabulary: corpus`
-    vocabulary: the tokenizer written is then GPT-2's restricted to it. Returns the card's
-    facts (`dir`, `ppl`, ...)."""
-    from training.gpt2.evaluate import calibration_batches, comparison, input_norms, prune_copy
+@dataclass
+class RunFolder:
+    """A run folder as an export reads it."""
 
-    sparsity = pruning.pattern_sparsity(pattern, sparsity)
-    norms = None
-    if method == "wanda":
-        if calibration_tokens is None:
-            raise ValueError("a Wanda export needs the training tokens for calibration")
-        batches = calibration_batches(
-            calibration_tokens, context=cfg.model.n_positions, windows=cfg.prune.calibration_windows,
-            seed=cfg.prune.calibration_seed,
-        )  # fmt: skip
-        norms = input_norms(model, pruning.prunable_parameters(model, cfg.prune.preset), batches)
-    pruned = prune_copy(model, preset=cfg.prune.preset, method=method, pattern=pattern, sparsity=sparsity,
-                        scope=cfg.prune.scope, norms=norms)  # fmt: skip
-    weights = pruning.prunable_parameters(pruned, cfg.prune.preset)
-    row = _matching_row(evaluation, method, pattern, sparsity)
-    if row is None:
-        val = evaluate(pruned)
-        metrics = {"val_loss": val["loss"], "ppl": val["ppl"], "tokens": val["tokens"], "windows": val["windows"],
-                   "context": val["context"], "source": "evaluated at export"}  # fmt: skip
-    else:
-        metrics = {"val_loss": row["val_loss"], "ppl": row["ppl"], "tokens": evaluation["tokens"],
-                   "windows": evaluation["windows"], "context": evaluation["context"],
-                   "source": "the run's one-shot evaluation"}  # fmt: skip
-    facts = {
-        "dir": str(Path(out)),
-        "format": "transformers (GPT2LMHeadModel, safetensors) + GPT-2 tokenizer",
-        "vocabulary": "GPT-2's 50257 tokens" if vocabulary is None else (
-            f"the {len(vocabulary):,} tokens of the training corpus's compact vocabulary (GPT-2's BPE segmentation, "
-            "renumbered; its tokenizer is GPT-2's restricted to them)"),
-        "method": method,
-        "pattern": pattern,
-        "sparsity": sparsity,
-        "measured_sparsity": pruning.sparsity_stats(weights)["overall"],
-        "comparison": comparison(method, pattern, cfg.prune.scope),
-        **metrics,
-    }
-    if write:
-        from training.gpt2.data import corpus_tokenizer, gpt2_tokenizer
+    path: Path
+    state: dict[str, Any]  # the latest checkpoint
+    cfg: DictConfig  # the config it was written with
+    summary: dict[str, Any]  # summary.json; {} for an unfinished run
 
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        pruned.save_pretrained(out, safe_serialization=True)
-        (gpt2_tokenizer() if vocabulary is None else corpus_tokenizer(vocabulary)).save_pretrained(out)
-        (out / "README.md").write_text(_gpt2_card(cfg, facts, summary or {}))
-    return facts
+    @property
+    def pipeline(self) -> str:
+        """The `arch` of the run's model preset: gpt2 | vit."""
+        return str(self.cfg.model.get("arch"))
 
 
-def _matching_row(evaluation: dict | None, method: str, pattern: str, sparsity: float) -> dict | None:
-    """The run's result row of this setting (the dense row for sparsity 0), if it has one."""
-    for row in (evaluation or {}).get("results", []):
-        if abs(row["sparsity"] - sparsity) > 1e-12:
-            continue
-        # Rows of runs before methods and patterns existed are magnitude, unstructured.
-        if row.get("pattern") == "dense" or (row.get("method", "magnitude"), row.get("pattern", "unstructured")) == (method, pattern):
-            return row
-    return None
-
-
-def export_vit(model: torch.nn.Module, cfg, out: str | Path, *, num_classes: int, summary: dict) -> dict[str, Any]:
-    """Save the timm `model` (already sparse) as `out/model.safetensors` with timm's
-    `config.json` and a model card."""
-    from safetensors.torch import save_file
-    from timm.models._hub import save_config_for_hf
-
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    m = cfg.model
-    model_args = {"img_size": m.img_size, "patch_size": m.patch_size, "embed_dim": m.embed_dim, "depth": m.depth,
-                  "num_heads": m.num_heads}  # fmt: skip
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
-    save_config_for_hf(model, str(out / "config.json"), model_args=model_args)
-    weights = pruning.prunable_parameters(model, cfg.acdc.preset, patterns=list(cfg.acdc.get("patterns") or []) or None)
-    facts = {
-        "dir": str(out),
-        "file": str(out / "model.safetensors"),
-        "format": "timm VisionTransformer, safetensors",
-        "timm_name": m.timm_name,
-        "num_classes": num_classes,
-        "model_args": model_args,
-        "pattern": cfg.acdc.get("pattern", pruning.UNSTRUCTURED),
-        "sparsity": cfg.acdc.sparsity,
-        "measured_sparsity": pruning.sparsity_stats(weights)["overall"],
-        "top1": summary.get("top1"),
-        "top5": summary.get("top5"),
-    }
-    (out / "README.md").write_text(_vit_card(cfg, facts, summary))
-    return facts
-
-
-def export_run(run_dir: str | Path, out: str | Path, *, to: str, sparsity: float | None = None,
-               method: str = "magnitude", pattern: str = pruning.UNSTRUCTURED) -> dict[str, Any]:  # fmt: skip
-    """Rebuild the model of a run folder from its latest checkpoint and export it (`to`:
-    "hf" for a GPT-2 run, "timm" for a ViT run). GPT-2 is pruned as the pipeline prunes;
-    its perplexity is the run's recorded one when the run evaluated that row, else it is
-    evaluated on the run's validation tokens. A ViT run must be complete (its summary
-    written): its final checkpoint is the final compressed phase's sparse model."""
+def read_run(run_dir: str | Path) -> RunFolder:
+    """The latest checkpoint, config and summary of `run_dir`; a `CheckpointError` if it has
+    no checkpoint."""
     run_dir = Path(run_dir)
     checkpoint = latest_checkpoint(run_dir)
     if checkpoint is None:
         raise CheckpointError(f"{run_dir} has no checkpoint (ckpt_*.pt); is it a run folder?")
     state = load_checkpoint(checkpoint)
-    cfg = OmegaConf.create(state["config"])
     summary_path = run_dir / SUMMARY_FILE
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-    pipeline = "gpt2" if cfg.model.get("arch") == "gpt2" else "vit"
-    expected = {"gpt2": "hf", "vit": "timm"}[pipeline]
-    if to != expected:
-        raise RunError(f"{run_dir} is a {pipeline} run: export it with --to {expected}")
-    if pipeline == "vit":
-        return _export_vit_run(run_dir, state, cfg, out, summary, sparsity)
-    return _export_gpt2_run(run_dir, state, cfg, out, summary, sparsity=sparsity, method=method, pattern=pattern)
+    return RunFolder(run_dir, state, OmegaConf.create(state["config"]), summary)
 
 
-def _export_gpt2_run(run_dir, state, cfg, out, summary, *, sparsity, method, pattern) -> dict[str, Any]:
-    from training.gpt2.data import load_data, read_run_vocabulary
-    from training.gpt2.evaluate import evaluate_lm
-    from training.gpt2.model import VOCAB_SIZE, build_model
-
-    if sparsity is None and pattern == pruning.UNSTRUCTURED:
-        raise RunError("a GPT-2 export needs --sparsity (e.g. 0.5) or an n:m --pattern (e.g. 2:4)")
-    if cfg.train.max_steps != state["step"] or not summary:
-        raise RunError(f"{run_dir} is not a finished run (checkpoint at step {state['step']} of {cfg.train.max_steps}, "
-                       f"summary.json {'present' if summary else 'missing'}); finish it first")  # fmt: skip
-    vocabulary = read_run_vocabulary(run_dir)
-    vocab_size = state["model"]["transformer.wte.weight"].shape[0]
-    if vocab_size != (VOCAB_SIZE if vocabulary is None else len(vocabulary)):
-        raise RunError(f"{run_dir}: the model has {vocab_size} tokens but the run folder's vocabulary.json is missing or "
-                       "does not match it; the tokenizer cannot be written without it")  # fmt: skip
-    model = build_model(cfg.model, vocab_size=vocab_size)
-    model.load_state_dict(state["model"])
-    model.eval()
-    context = cfg.model.n_positions
-    data = {}
-
-    def tokens():
-        if not data:
-            loaded = load_data(cfg.data, context=context, is_main=True)
-            if loaded.vocab_size != model.config.vocab_size:
-                raise RunError(f"{cfg.data.dir} gives a {loaded.vocab_size}-token vocabulary, the run's model has "
-                               f"{model.config.vocab_size}; export with the data the run was trained on")  # fmt: skip
-            data["train"], data["val"] = loaded.train, loaded.val
-        return data
-
-    def evaluate(m):
-        return evaluate_lm(m, tokens()["val"], context=context, batch_size=cfg.eval.batch_size,
-                           device=torch.device("cpu"), max_windows=cfg.eval.max_windows)  # fmt: skip
-
-    return export_gpt2(
-        model, cfg, out, sparsity=sparsity if sparsity is not None else 0.0, method=method, pattern=pattern,
-        evaluate=evaluate, calibration_tokens=tokens()["train"] if method == "wanda" else None,
-        evaluation=summary.get("pruning"), summary=summary, vocabulary=vocabulary,
-    )  # fmt: skip
-
-
-def _export_vit_run(run_dir, state, cfg, out, summary, sparsity) -> dict[str, Any]:
-    from training.vit.model import build_model
-
-    if sparsity is not None:
-        raise RunError("--sparsity applies to GPT-2 only: a ViT run's final model is already sparse (acdc.sparsity)")
-    if not summary or state.get("epoch") != cfg.train.epochs:
-        raise RunError(f"{run_dir} is not a completed ViT run (no summary.json or its last checkpoint is not the final "
-                       "epoch's): its final compressed phase is the model to export; finish the run first")  # fmt: skip
-    num_classes = state["model"]["head.weight"].shape[0]
-    model = build_model(cfg.model, num_classes=num_classes)
-    model.load_state_dict(state["model"])
-    model.eval()
-    return export_vit(model, cfg, out, num_classes=num_classes, summary=summary)
-
-
-# ---- model cards ---------------------------------------------------------------------------------
-
-
-def _optimizer_line(cfg) -> str:
+def optimizer_line(cfg) -> str:
+    """`name (setting=value, ...)` of the run's optimizer, for the card."""
     opt = OmegaConf.to_container(cfg.optimizer, resolve=True)
     settings = ", ".join(f"{k}={v}" for k, v in opt.items() if k not in ("name", "_target_", "_partial_"))
     return f"{opt.get('name')} ({settings})"
 
 
-def _commits(summary: dict) -> str:
+def commits(summary: dict) -> str:
+    """The card's provenance: the commit that trained the model and the one that exported it."""
     trained = summary.get("git_commit", "unknown")
     return f"trained at commit `{trained}`, exported at commit `{git_commit(Path(__file__).parent)}`"
-
-
-def _gpt2_card(cfg, facts: dict, summary: dict) -> str:
-    train = summary.get("train", {})
-    data = summary.get("data", {})
-    pattern = facts["pattern"]
-    return f"""---
-library_name: transformers
-pipeline_tag: text-generation
-tags: [gpt2, sparse, pruned, {facts['method']}, {'unstructured' if pattern == 'unstructured' else 'semi-structured'}]
----
-
-# GPT-2 ({cfg.model.name}), {facts['method']} pruning, {pattern}, {facts['sparsity']:.0%}
-
-A GPT-2 trained with the HORST repository's pipeline (`train_gpt2.py`) and pruned one-shot
-(no retraining) after training.
-
-| | |
-|---|---|
-| optimizer | {_optimizer_line(cfg)}, lr={cfg.train.lr} |
-| model | {cfg.model.name}: {cfg.model.n_layer} layers, width {cfg.model.n_embd}, {cfg.model.n_head} heads, context {cfg.model.n_positions} |
-| vocabulary | {facts['vocabulary']} |
-| training data | {cfg.data.name} ({data.get('train_tokens', '?')} training tokens; {train.get('tokens_trained', '?')} tokens trained over {train.get('steps', '?')} updates), seed {cfg.seed} |
-| pruning | {facts['method']}, pattern {pattern} ({facts['comparison']}), of the block matrices (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj); embeddings, norms and biases dense |
-| sparsity | target {facts['sparsity']:.4f}, measured {facts['measured_sparsity']:.4f} of the block matrices (exact zeros) |
-| validation | loss {facts['val_loss']:.4f}, perplexity {facts['ppl']:.2f} on {facts['tokens']:,} tokens of {cfg.data.name}'s validation split in {facts['windows']} non-overlapping windows of {facts['context']} ({facts['source']}) |
-| provenance | {_commits(summary)} |
-
-```python
-from transformers import AutoTokenizer, GPT2LMHeadModel
-model = GPT2LMHeadModel.from_pretrained("PATH")
-tokenizer = AutoTokenizer.from_pretrained("PATH")
-```
-
-The weights are stored dense (float32, zeros included). {'The 2:4 pattern runs on sparse tensor cores after `pruning.to_semi_structured_(model.half().cuda())` (Ampere or newer GPU).' if pattern == '2:4' else ''}
-"""
-
-
-def _vit_card(cfg, facts: dict, summary: dict) -> str:
-    data = summary.get("data", {})
-    args = ", ".join(f"{k}={v}" for k, v in facts["model_args"].items())
-    top1 = f"{facts['top1']:.4f}" if facts["top1"] is not None else "?"
-    top5 = f"{facts['top5']:.4f}" if facts["top5"] is not None else "?"
-    return f"""---
-library_name: timm
-tags: [image-classification, vision-transformer, sparse, acdc]
----
-
-# ViT ({cfg.model.name}), AC/DC at {facts['sparsity']:.0%}, {facts['pattern']}
-
-A timm VisionTransformer trained with the HORST repository's AC/DC pipeline (`train_vit.py`);
-the final compressed phase's sparse model.
-
-| | |
-|---|---|
-| optimizer | {_optimizer_line(cfg)} |
-| model | timm `{facts['timm_name']}` with {args}, {facts['num_classes']} classes |
-| training data | {cfg.data.name} ({data.get('train_images', '?')} training images), {cfg.train.epochs} epochs, seed {cfg.seed} |
-| sparsity | AC/DC target {facts['sparsity']}, pattern {facts['pattern']}; measured {facts['measured_sparsity']:.4f} of the block matrices (qkv, proj, fc1, fc2; exact zeros) |
-| validation | top-1 {top1}, top-5 {top5} on {data.get('val_images', '?')} validation images (the run's final evaluation) |
-| provenance | {_commits(summary)} |
-
-```python
-import timm
-model = timm.create_model("{facts['timm_name']}", pretrained=True, num_classes={facts['num_classes']}, {args},
-                          pretrained_cfg_overlay=dict(file="PATH/model.safetensors", num_classes={facts['num_classes']}))
-# or: timm.create_model("local-dir:PATH", pretrained=True)
-```
-"""

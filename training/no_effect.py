@@ -15,6 +15,8 @@ NO_EFFECT = (
     # how fast: every sample's augmentation is seeded by its own (seed, epoch, index), not by the
     # worker that loads it; compile and thread count keep the arithmetic (up to summation order)
     "data.num_workers", "data.pin_memory", "cpu_threads", "compile",
+    # the ViT's micro-batches per update: the same global batch, accumulated (summation order only)
+    "train.accum_steps",
     # an unreadable image fails a run without it; with it the run goes on and counts what it skipped
     "data.skip_corrupt",
     # how often the run logs, checkpoints and measures its progress; the final numbers are

@@ -1,27 +1,34 @@
-"""Checkpoint-and-requeue on the signal SLURM sends before a time limit or a preemption.
+"""Checkpoint at the next step on the signals that stop a run: SLURM's and the user's.
 
-SLURM (``#SBATCH --signal=USR2@120``, which submitit sets from the launcher's
-``signal_delay_s``) sends SIGUSR2 to every task some time before it kills a job. Under
-submitit, the job process already has a handler for it that requeues the job (the Hydra
-submitit launcher makes every job checkpointable by resubmitting it with its own
-arguments). That handler exits at once, so by itself a run would lose everything since its
-last periodic checkpoint.
+* SIGUSR2: SLURM sends it some time before a time limit (``#SBATCH --signal=USR2@300``,
+  which submitit sets from the launcher's ``signal_delay_s``), and on preemption where the
+  cluster opts in (``SlurmctldParameters=preempt_send_user_signal`` in 22.05,
+  ``PreemptParameters=send_user_signal`` from 23.02). Under submitit the job already has a
+  handler for it that requeues the job (the Hydra submitit launcher makes every job
+  checkpointable by resubmitting it with its own arguments).
+* SIGTERM: what SLURM sends otherwise on preemption, and on ``scancel`` and
+  ``scontrol requeue`` (SIGKILL follows after ``KillWait``, 30 s by default). Submitit
+  ignores it. A preempted job (``PreemptMode=REQUEUE``) is requeued by SLURM itself; a
+  cancelled one ends.
+* SIGINT: Ctrl-C. A second Ctrl-C stops at once.
 
-``PreemptionGuard`` takes the signal over: the handler only records it; the training loop
-polls ``requested`` once per step, writes a checkpoint, then calls ``requeue_or_exit``,
-which hands over to submitit's handler (requeue) or, outside submitit, exits with
-``PREEMPTED_EXIT_CODE``. The requeued job starts in the same run folder and continues from
-that checkpoint (``resume=auto``): no step is lost or repeated.
+``PreemptionGuard`` takes them over: the handler only records the signal; the training
+loop polls ``requested`` once per step, writes a checkpoint, then calls
+``requeue_or_exit``: after SIGUSR2 under submitit it hands over to submitit's handler
+(requeue); otherwise it prints the command that continues the run and exits with
+``PREEMPTED_EXIT_CODE``. The run started again in the same run folder continues from that
+checkpoint (``resume=auto``): no step is lost or repeated.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import sys
 from types import FrameType
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -29,24 +36,29 @@ import torch.distributed as dist
 log = logging.getLogger(__name__)
 
 PREEMPTED_EXIT_CODE = 3  # not 0: a wrapper script must know the run is unfinished
+STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
 
 
 class PreemptionGuard:
-    """Records SIGUSR2 (or ``signum``) so the loop can checkpoint before handing over."""
+    """Records the first of `signals` to arrive so the loop can checkpoint before stopping."""
 
-    def __init__(self, signum: int = signal.SIGUSR2) -> None:
-        self.signum = signum
-        self._requested = False
-        self._previous: Any = signal.getsignal(signum)
-        signal.signal(signum, self._record)
+    def __init__(self, signals: Iterable[int] = STOP_SIGNALS) -> None:
+        self.received: int | None = None  # the first signal that arrived
+        self._previous: dict[int, Any] = {s: signal.getsignal(s) for s in signals}
+        for signum in self._previous:
+            signal.signal(signum, self._record)
 
     def _record(self, signum: int, frame: FrameType | None) -> None:
-        self._requested = True
+        if self.received is None:
+            self.received = signum
+        if signum == signal.SIGINT:  # the second Ctrl-C interrupts whatever is running
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            os.write(2, b"\ninterrupted: stopping after this step with a checkpoint (Ctrl-C again to stop now)\n")
 
     def requested(self) -> bool:
-        """Whether any rank received the signal (a collective call under DDP: every rank
+        """Whether any rank received a stop signal (a collective call under DDP: every rank
         must call it at the same step)."""
-        flag = self._requested
+        flag = self.received is not None
         if dist.is_available() and dist.is_initialized():
             device = "cuda" if dist.get_backend() == "nccl" else "cpu"
             tensor = torch.tensor([float(flag)], device=device)
@@ -55,29 +67,36 @@ class PreemptionGuard:
         return flag
 
     def requeue_or_exit(self, continue_command: str = "the same command") -> None:
-        """Call after the checkpoint is written: submitit's handler requeues the job; without
-        submitit the process exits with ``PREEMPTED_EXIT_CODE``, printing the command that
-        continues the run. Does not return."""
-        signal.signal(self.signum, self._previous)
-        if callable(self._previous):
+        """Call after the checkpoint is written: after SIGUSR2, submitit's handler requeues
+        the job; otherwise (no submitit, or SIGTERM/SIGINT) the process exits with
+        ``PREEMPTED_EXIT_CODE``, printing the command that continues the run. Does not
+        return."""
+        received, usr2_handler = self.received, self._previous.get(signal.SIGUSR2)
+        self.close()
+        if received == signal.SIGUSR2 and callable(usr2_handler):
             log.warning("preempted: checkpoint written, handing over to the requeue handler")
-            self._previous(self.signum, None)
-        print(f"preempted: checkpoint written; continue with: {continue_command}", file=sys.stderr)
+            usr2_handler(signal.SIGUSR2, None)
+        name = signal.Signals(received).name if received else "another process's signal"
+        print(f"stopped by {name}: checkpoint written; continue with: {continue_command}", file=sys.stderr)
         sys.exit(PREEMPTED_EXIT_CODE)
 
     def close(self) -> None:
-        signal.signal(self.signum, self._previous)
+        """Give the signals back to their previous handlers. Idempotent."""
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous = {}
 
 
 @contextlib.contextmanager
-def signal_blocked(signum: int = signal.SIGUSR2) -> Iterator[None]:
-    """Hold `signum` back while child processes start (DataLoader workers, multiprocessing's
+def signal_blocked(signals: Iterable[int] = STOP_SIGNALS) -> Iterator[None]:
+    """Hold `signals` back while child processes start (DataLoader workers, multiprocessing's
     fork server and resource tracker). A blocked signal stays blocked across fork and exec, so
     the children never act on it; one sent to this process meanwhile is delivered when the
-    block ends. SLURM signals every process of the job, and a child started by spawn or
-    forkserver (Python 3.14's default on Linux) would otherwise die of SIGUSR2's default
-    action, failing the epoch before the checkpoint is written."""
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
+    block ends. SLURM signals every process of the job and Ctrl-C the terminal's whole process
+    group: a worker would otherwise die of SIGUSR2's or SIGTERM's default action (or raise
+    KeyboardInterrupt), failing the epoch before the checkpoint is written. (A worker whose
+    parent is gone exits on its own: the DataLoader's watchdog.)"""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, set(signals))
     try:
         yield
     finally:

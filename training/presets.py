@@ -6,11 +6,18 @@ Hydra alone would offer `train_gpt2.py model=deit_small` and fail deep in compos
 model belongs to the pipeline its `arch` names; an experiment to the pipeline of the model
 it selects; a recipe group (`gpt2_recipe`, `vit_recipe`) to its pipeline; a sweep to both
 unless it sets another pipeline's keys or presets.
+
+`misspelt_key` checks a command line's keys against the pipeline's schema before Hydra
+composes anything, so a misspelt key gets "did you mean" first (Hydra's own message would
+suggest appending it with `+`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import sys
+import typing
 from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
@@ -71,8 +78,48 @@ def register_help(pipeline: str, description: str) -> None:
     )
 
 
+def _schema(name: str) -> type:
+    """The dataclass of a schema the pipeline stored in Hydra's ConfigStore (`register_configs`)."""
+    return OmegaConf.get_type(ConfigStore.instance().load(f"{name}.yaml").node)
+
+
+def misspelt_key(pipeline: str, overrides: list[str]) -> str | None:
+    """"KEY is not a setting; did you mean ...?" for the first override whose key the
+    pipeline's schema does not have, else None. Keys added with `+`, Hydra's own, config
+    groups and what the schema leaves open (the optimizer's keys, which its class checks)
+    are not judged here."""
+    groups = {p.name for p in CONFIGS.iterdir() if p.is_dir()}
+    for override in overrides:
+        key = override.partition("=")[0]
+        if not key or key.startswith(("+", "hydra.", "hydra/")) or "/" in key or "@" in key:
+            continue
+        parts = key.lstrip("~").split(".")
+        if parts[0] in groups and len(parts) == 1:
+            continue
+        schema = _schema(f"schema_{pipeline}_run")
+        for depth, part in enumerate(parts):
+            fields = typing.get_type_hints(schema)
+            if part not in fields:
+                known = list(fields) + (sorted(groups) if depth == 0 else [])
+                prefix = ".".join(parts[:depth] + [""])
+                close = difflib.get_close_matches(part, known, n=1)
+                hint = f"did you mean {prefix}{close[0]}?" if close else f"{prefix.rstrip('.') or 'the config'} has {', '.join(fields)}"
+                return f"{key} is not a setting; {hint}"
+            kind = fields[part]
+            if depth == 0 and part == "model":
+                kind = _schema(f"model/schema_{pipeline}")
+            if not dataclasses.is_dataclass(kind):
+                break  # a value, or a section the schema leaves open
+            schema = kind
+    return None
+
+
 def check_command_line(pipeline: str, argv: list[str]) -> None:
-    """Stop with one line if `argv` picks another pipeline's model or experiment."""
+    """Stop with one line if `argv` picks another pipeline's model or experiment, or names a
+    key the pipeline does not have."""
+    problem = misspelt_key(pipeline, [a for a in argv if not a.startswith("-") and ("=" in a or a.startswith("~"))])
+    if problem:
+        sys.exit(f"error: {problem}")
     own = presets(pipeline)
     for argument in argv:
         key, _, value = argument.lstrip("+~").partition("=")

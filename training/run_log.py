@@ -17,7 +17,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, Mapping
@@ -32,6 +34,44 @@ SUMMARY_FILE = "summary.json"
 CONFIG_FILE = "config.yaml"
 FAILED_FILE = "failed.json"  # instead of summary.json: a run that stopped on an error (training.runner)
 _WANDB_ID_FILE = "wandb_id.txt"
+
+
+class LogLines:
+    """What a progress bar shows, as plain lines for a log file (a batch job's output, a pipe):
+    one line per `set_postfix`, which the pipelines call at their log interval, with the bar's
+    description, the step and the postfix (the training loss among it). tqdm's API, the parts
+    the pipelines use."""
+
+    def __init__(self, *, total: int, initial: int = 0, desc: str | None = None, disable: bool = False) -> None:
+        self.total, self.n, self.desc, self.disable = total, initial, desc, disable
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+
+    def set_description(self, desc: str) -> None:
+        self.desc = desc
+
+    def set_postfix(self, refresh: bool = False, **values: Any) -> None:
+        if not self.disable:
+            fields = " ".join(f"{key} {value}" for key, value in values.items())
+            print(f"{self.desc or 'train'}: step {self.n}/{self.total} {fields}", flush=True)
+
+    def write(self, text: str) -> None:
+        if not self.disable:
+            print(text, flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+def progress_bar(*, total: int, initial: int = 0, desc: str | None = None, disable: bool = False):
+    """tqdm's bar on a terminal; plain `LogLines` where stderr is not one (no `\\r` redraws in
+    a log file)."""
+    if sys.stderr.isatty():
+        from tqdm import tqdm
+
+        return tqdm(total=total, initial=initial, desc=desc, disable=disable, dynamic_ncols=True)
+    return LogLines(total=total, initial=initial, desc=desc, disable=disable)
 
 
 def git_commit(path: str | os.PathLike = ".") -> str:
@@ -156,6 +196,7 @@ class RunLogger:
         self.enabled = enabled
         self.commit = git_commit(Path(__file__).parent)
         self._wandb = None
+        self.offline_dir: Path | None = None  # the offline W&B run's folder, for `wandb sync`
         if not enabled:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -172,8 +213,15 @@ class RunLogger:
         if mode != "disabled":
             import wandb
 
-            # One W&B run per run folder, continued across resumes.
+            # One W&B run per run folder, continued across resumes. Online, W&B resumes it by its
+            # id. Offline, W&B cannot append to a run's folder: the continued run starts a new
+            # offline folder, which then gets the whole log, replayed from metrics.jsonl (cut at
+            # the checkpoint), and the old one goes; `wandb sync` uploads one folder per run.
             id_file = self.run_dir / _WANDB_ID_FILE
+            run_id = id_file.read_text().strip() if id_file.exists() else None
+            if mode == "offline" and run_id:
+                for old in (self.run_dir / "wandb").glob(f"offline-run-*-{run_id}"):
+                    shutil.rmtree(old)
             try:
                 self._wandb = wandb.init(
                     project=project,
@@ -181,8 +229,8 @@ class RunLogger:
                     group=group,
                     tags=tags,
                     job_type=job_type,
-                    id=id_file.read_text().strip() if id_file.exists() else None,
-                    resume="allow",
+                    id=run_id,
+                    resume="allow" if mode == "online" else None,
                     dir=str(self.run_dir),
                     mode=mode,
                     config={**_jsonable(dict(config)), "git_commit": self.commit},
@@ -193,15 +241,34 @@ class RunLogger:
                     "WANDB_API_KEY, or log offline (logging.mode=offline) and upload later with `wandb sync`"
                 ) from None
             id_file.write_text(self._wandb.id)
+            self.offline_dir = Path(self._wandb.settings.sync_dir) if mode == "offline" else None
             if epoch_metrics:  # charted against the epoch, not the update count
                 self._wandb.define_metric("epoch")
                 for pattern in epoch_metrics:
                     self._wandb.define_metric(pattern, step_metric="epoch")
+            if self.offline_dir is not None and resume_step is not None:
+                self._replay(metrics)
+
+    def _replay(self, metrics: Path) -> None:
+        """Log the records of `metrics` to W&B as they were logged live: numbers, and the
+        weight histograms kept as counts and edges."""
+        for line in metrics.read_text().splitlines():
+            record = json.loads(line)
+            if record.get("event"):
+                continue
+            numbers = {k: v for k, v in record.items() if k not in ("step", "time") and _is_number(v)}
+            if numbers and record.get("wandb", True):
+                self._wandb.log(numbers, step=record["step"])
+            for key in [k.removesuffix("_counts") for k in record if k.endswith("_counts")]:
+                if f"{key}_edges" in record:
+                    self.log_histogram(key, record[f"{key}_counts"], record[f"{key}_edges"], step=record["step"])
 
     def log(self, metrics: Mapping[str, Any], *, step: int, to_wandb: bool = True) -> None:
         if not self.enabled:
             return
         record = {"step": step, "time": time.time(), **_jsonable(metrics)}
+        if not to_wandb:
+            record["wandb"] = False  # a JSONL-only record: an offline resume's replay (`_replay`) skips it too
         self._metrics.write(json.dumps(record) + "\n")
         self._metrics.flush()
         if self._wandb is not None and to_wandb:
@@ -276,3 +343,5 @@ class RunLogger:
         if self._wandb is not None:
             self._wandb.finish(exit_code=exit_code)
             self._wandb = None
+            if self.offline_dir is not None:
+                print(f"W&B offline run: upload it with `wandb sync {self.offline_dir}`", flush=True)

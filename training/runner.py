@@ -50,7 +50,7 @@ from training.distributed import barrier, broadcast_object, init_distributed, is
 from training.env import autocast_dtype, device_type, seed_everything, select_device
 from training.no_effect import NO_EFFECT
 from training.preemption import PreemptionGuard
-from training.run_log import FAILED_FILE, RunLogger, git_commit, write_json_atomic
+from training.run_log import CONFIG_FILE, FAILED_FILE, SUMMARY_FILE, RunLogger, git_commit, write_json_atomic
 
 NON_FINITE_EXIT_CODE = 4  # a run stopped by a non-finite loss (preemption's is 3)
 LOCK_FILE = ".lock"  # one live writer per run folder (`lock_run_folder`)
@@ -417,6 +417,9 @@ class RunCallbacks(Callback):
             sys.exit(f"error: {key}={folder} cannot be written ({error.strerror}); choose a writable folder ({key}=...)")
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from hydra.core.hydra_config import HydraConfig
+
+        HydraConfig.instance().set_config(config)  # the folder's name reads ${hydra:runtime.choices.model}
         self._check_writable(Path(config.hydra.run.dir), "hydra.run.dir")
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
@@ -447,12 +450,41 @@ def _close_open_run(exit_code: int) -> None:
         _open_run.close(exit_code=exit_code)
 
 
+def record_failed_cell(run_dir: Path, *, pipeline: str, reason: str, exit_code: int | None, step: int | None,
+                       config: Mapping[str, Any] | None, **extra: Any) -> dict:
+    """Write a failed cell's `failed.json` (what `RunCallbacks`, `scripts/make_tables.py` and
+    `scripts/sweep_status.py` read) and return it. `extra`: e.g. the SLURM job and its state."""
+    record = {
+        "pipeline": pipeline, "status": "failed", "exit_code": exit_code, "reason": reason, "step": step, **extra,
+        "git_commit": git_commit(Path(__file__).parent), "config": config,
+    }  # fmt: skip
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run_dir / FAILED_FILE, record)
+    return record
+
+
+def finished_summary(run_dir: Path, config: Mapping[str, Any]) -> dict | None:
+    """The summary of the run that already finished in `run_dir` with these settings (those
+    of `RESUMABLE_CHANGES` aside), else None. A job SLURM requeues after it finished (one
+    that ended within its grace period after SIGTERM) or the same command typed again then
+    changes nothing: no second training, no rewritten summary, no appended metrics."""
+    summary, written = run_dir / SUMMARY_FILE, run_dir / CONFIG_FILE
+    if not (summary.is_file() and written.is_file()):
+        return None
+    import yaml
+
+    if config_differences(yaml.safe_load(written.read_text()), config, ignore=RESUMABLE_CHANGES):
+        return None  # other settings: `Run.restore` names them, or evaluates anew
+    return json.loads(summary.read_text())
+
+
 def hydra_task(task: Callable[..., dict], cfg: DictConfig) -> dict | None:
     """Run `task(cfg, run_dir=...)` in Hydra's run folder; the body of both entry points.
 
     Errors a user can fix (`RunError`) are one line on stderr and the error's exit code.
     In a multirun every failure, including an unexpected exception, is recorded in the cell's
-    `failed.json` (reason, exit code, config) and the sweep goes on with the next cell."""
+    `failed.json` (reason, exit code, config) and the sweep goes on with the next cell.
+    A run folder that holds this run, finished, is left as it is (`finished_summary`)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -460,6 +492,9 @@ def hydra_task(task: Callable[..., dict], cfg: DictConfig) -> dict | None:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    if cfg.resume == "auto" and (done := finished_summary(run_dir, OmegaConf.to_container(cfg, resolve=True))):
+        print(f"{run_dir} holds this run, finished ({SUMMARY_FILE}); nothing to do (resume=never trains it again)")
+        return done
     overrides = [o for o in hydra_cfg.overrides.task if not o.startswith(("hydra.run.dir=", "resume_override="))]
     _continue_command = shlex.join(["python", f"{hydra_cfg.job.config_name}.py", *overrides, f"hydra.run.dir={run_dir}"])
     _sweep = Path(hydra_cfg.sweep.dir).name if multirun else None
@@ -483,15 +518,9 @@ def hydra_task(task: Callable[..., dict], cfg: DictConfig) -> dict | None:
         _continue_command = _sweep = None
         _close_open_run(exit_code)  # a finished run closed itself; a preempted one has closed its log
         shutdown_distributed()
-    record = {
-        "pipeline": hydra_cfg.job.config_name.removeprefix("train_"),
-        "status": "failed",
-        "exit_code": exit_code,
-        "reason": reason,
-        "step": step,
-        "git_commit": git_commit(Path(__file__).parent),
-        "config": OmegaConf.to_container(cfg, resolve=True),
-    }
-    write_json_atomic(run_dir / FAILED_FILE, record)
+    record = record_failed_cell(
+        run_dir, pipeline=hydra_cfg.job.config_name.removeprefix("train_"), reason=reason, exit_code=exit_code,
+        step=step, config=OmegaConf.to_container(cfg, resolve=True),
+    )  # fmt: skip
     print(f"error: cell {hydra_cfg.job.num} failed ({reason}); recorded in {run_dir / FAILED_FILE}, going on", file=sys.stderr)
     return record

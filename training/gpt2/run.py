@@ -18,13 +18,13 @@ from tqdm import tqdm
 import pruning
 from training.distributed import all_reduce_mean, gradient_sync, parallelize, unsharded
 from training.env import autocast, peak_flops
-from training.export import export_gpt2
+from training.gpt2.export import export_gpt2
 from training.gpt2.config import validate
 from training.gpt2.data import RandomWindows, check_run_vocabulary, load_data
 from training.gpt2.evaluate import evaluate_lm, one_shot_pruning, perplexity_table
 from training.gpt2.model import build_model, flops_per_token
 from training.optim import build_optimizer
-from training.run_log import optimizer_label
+from training.run_log import optimizer_label, progress_bar
 from training.runner import Run
 from training.schedule import build_lr_scheduler
 
@@ -79,7 +79,7 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
 
     # ---- training ------------------------------------------------------------------------
     model.train()
-    bar = tqdm(total=t.max_steps, initial=step, desc="train", disable=not r.is_main, dynamic_ncols=True)
+    bar = progress_bar(total=t.max_steps, initial=step, desc="train", disable=not r.is_main)
     train_seconds, logged_step = 0.0, step  # throughput excludes evaluation and checkpoints
     while step < t.max_steps:
         step_started = time.time()
@@ -105,6 +105,7 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
         step += 1
         scheduler.step_update(step)
         train_seconds += time.time() - step_started
+        bar.update()
 
         if t.log_interval and (step % t.log_interval == 0 or step == t.max_steps):
             if device.type == "cuda":
@@ -121,7 +122,6 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
                 metrics["perf/mfu"] = flops / seconds / (peak * dist.world_size)
             r.log.log(metrics, step=step)
             bar.set_postfix(loss=f"{train_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_step / seconds:,.0f}", refresh=False)
-        bar.update()
         if t.eval_interval and (step % t.eval_interval == 0 or step == t.max_steps):
             val = evaluate(unsharded(model, build), max_windows=t.eval_windows)
             r.log.log({"val/loss": val["loss"], "val/ppl": val["ppl"]}, step=step)
@@ -211,7 +211,7 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
         },
         files=("perplexity.md", "perplexity.json"),
     )
-    if cfg.export.enabled:  # one pruned copy as a transformers folder with a model card (training/export.py)
+    if cfg.export.enabled:  # one pruned copy as a transformers folder with a model card (training/gpt2/export.py)
         e = cfg.export
         exported = export_gpt2(
             model, cfg, e.dir or r.run_dir / "export", sparsity=e.sparsity, method=e.method, pattern=e.pattern,

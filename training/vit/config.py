@@ -6,10 +6,13 @@ from them (the scaled lr, the AC/DC schedule)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
+import re
 from typing import Any, List, Optional
 
+import torch
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 import pruning
 from training.config import ConfigError, RunConfig, check_known_keys, require, validate_run
@@ -67,6 +70,7 @@ class AugConfig:
 class ViTTrainConfig:
     epochs: int = MISSING
     batch_size: int = MISSING  # images per update, over all processes
+    accum_steps: int = MISSING  # forward/backward passes per update (gradient accumulation): batch_size / (processes x accum_steps) images each
     base_lr: float = MISSING  # lr = base_lr * batch_size / base_batch_size (linear scaling)
     base_batch_size: int = MISSING
     min_lr: float = MISSING
@@ -136,6 +140,40 @@ def acdc_schedule(acdc: DictConfig, *, epochs: int) -> pruning.ACDCSchedule:
         raise ConfigError(f"acdc phases do not fit train.epochs={epochs}: {error}") from None
 
 
+def prunable_set(model: Any, acdc: DictConfig) -> dict:
+    """`{name: weight}` of the matrices AC/DC prunes: the preset's and those `acdc.patterns`
+    add. A pattern that selects no weight of `model` is a `ConfigError` (a typo would
+    otherwise leave the prunable set as it was, silently)."""
+    for pattern in acdc.patterns:
+        try:
+            pruning.prunable_parameters(model, patterns=[pattern])
+        except ValueError:
+            names = [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)
+                     and not any(re.search(x, name) for x in pruning.DEFAULT_EXCLUDE)]  # fmt: skip
+            raise ConfigError(
+                f"acdc.patterns has {pattern!r}, which matches no prunable layer of the model (regexes on module "
+                f"names: {', '.join(names[:3])}, ..., {names[-1]}; the head and patch embedding are never pruned)"
+            ) from None
+    return pruning.prunable_parameters(model, acdc.preset, patterns=list(acdc.patterns) or None)
+
+
+def check_prunable_set(cfg: DictConfig) -> None:
+    """`prunable_set` on the model `cfg` builds, on the meta device (no memory): the check
+    a run makes once its model exists, made before any run. The preset alone always selects
+    a ViT's block matrices; only `acdc.patterns` need the model."""
+    if cfg.acdc.patterns:
+        _check_patterns(OmegaConf.to_yaml(cfg.model), tuple(cfg.acdc.patterns))
+
+
+@functools.cache
+def _check_patterns(model_yaml: str, patterns: tuple[str, ...]) -> None:
+    from training.vit.model import build_model
+
+    with torch.device("meta"):
+        model = build_model(OmegaConf.create(model_yaml), num_classes=10)
+    prunable_set(model, OmegaConf.create({"preset": "vit", "patterns": list(patterns)}))
+
+
 def validate(cfg: DictConfig, *, world_size: int) -> None:
     """Raise `ConfigError` for the first value that cannot work."""
     import timm
@@ -171,9 +209,11 @@ def validate(cfg: DictConfig, *, world_size: int) -> None:
     lr = scaled_lr(t)
     check_optimizer(cfg.optimizer, lr=lr)
     require(t.epochs > 0, f"train.epochs={t.epochs} must be positive")
+    require(t.accum_steps >= 1, f"train.accum_steps={t.accum_steps} must be >= 1 (1: no gradient accumulation)")
     require(
-        t.batch_size % world_size == 0,
-        f"train.batch_size={t.batch_size} must be a multiple of the {world_size} processes",
+        t.batch_size % (world_size * t.accum_steps) == 0,
+        f"train.batch_size={t.batch_size} must be a multiple of the {world_size} processes x train.accum_steps="
+        f"{t.accum_steps}",
     )
     mixing = a.mixup > 0 or a.cutmix > 0
     require(
@@ -251,6 +291,17 @@ def validate(cfg: DictConfig, *, world_size: int) -> None:
             f"acdc.pattern={c.pattern} prunes {1 - int(n) / int(m):g} of the weights; set acdc.sparsity={1 - int(n) / int(m):g}",
         )
     require(c.preset in pruning.PRESETS, f"acdc.preset={c.preset!r} is unknown; use one of {', '.join(pruning.PRESETS)}")
+    for pattern in c.patterns:
+        n, colon, m = str(pattern).partition(":")
+        if colon and n.isdigit() and m.isdigit():  # an N:M pattern given where module names belong
+            raise ConfigError(
+                f"acdc.patterns has {pattern!r}, but acdc.patterns are module-name regexes added to the prunable set; "
+                f"for {pattern} masks use acdc.pattern=\"{pattern}\" acdc.sparsity={1 - int(n) / int(m):g}"
+            )
+        try:
+            re.compile(pattern)
+        except re.error as error:
+            raise ConfigError(f"acdc.patterns has {pattern!r}, not a regex ({error})") from None
     require(c.histogram_bins >= 1, f"acdc.histogram_bins={c.histogram_bins} must be >= 1")
     acdc_schedule(c, epochs=t.epochs)
 

@@ -12,13 +12,13 @@ a preempted run checkpoints after its current batch and continues from the next 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
-from tqdm import tqdm
 
 import pruning
 from training.checkpoint import CheckpointError
@@ -26,10 +26,10 @@ from training.config import ConfigError
 from training.distributed import all_reduce_mean
 from training.env import autocast, seed_rngs
 from training.optim import build_optimizer
-from training.run_log import RunLogger, optimizer_label
+from training.run_log import RunLogger, optimizer_label, progress_bar
 from training.runner import Run
 from training.schedule import build_lr_scheduler
-from training.vit.config import acdc_schedule, scaled_lr, validate
+from training.vit.config import acdc_schedule, prunable_set, scaled_lr, validate
 from training.vit.data import (
     TrainLoader, build_datasets, build_mixup, epoch_seed, eval_loader, skipped_images,
 )  # fmt: skip
@@ -89,7 +89,7 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
     model = build_model(cfg.model, num_classes=len(classes), in_chans=data.in_chans).to(device)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
-    prunable = pruning.prunable_parameters(model, acdc.preset, patterns=list(acdc.patterns) or None)
+    prunable = prunable_set(model, acdc)
     sparsifier = pruning.Sparsifier(prunable)
     schedule = acdc_schedule(acdc, epochs=t.epochs)
     lr = scaled_lr(t)
@@ -144,7 +144,7 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
                     masks=sparsifier.state_dict(), history=history)  # fmt: skip
 
     # ---- training ------------------------------------------------------------------------------
-    bar = tqdm(total=t.epochs * steps_per_epoch, initial=step, disable=not r.is_main, dynamic_ncols=True)
+    bar = progress_bar(total=t.epochs * steps_per_epoch, initial=step, disable=not r.is_main)
     step_loss = torch.full((), float("nan"), device=device)  # the last update's loss, on the device
     while epoch < t.epochs:
         phase, action = schedule.phase(epoch), schedule.action(epoch)
@@ -164,15 +164,24 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
             images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
             if channels_last:
                 images = images.contiguous(memory_format=torch.channels_last)
-            if mixup is not None:
+            if mixup is not None:  # over the process's whole batch: accumulation does not change the mixing
                 images, targets = mixup(images, targets)
-            with autocast(device, r.dtype):
-                output = train_model(images)
-            loss = criterion(output.float(), targets)
-            step_loss = all_reduce_mean(loss.detach().clone())
-            r.watch_loss(step_loss, step=step + 1)  # read at log intervals and before checkpoints
+            # Gradient accumulation: train.accum_steps forward/backward passes over slices of the
+            # batch, each loss weighted by its slice's share, so the gradient is the whole batch's
+            # mean; DDP all-reduces after the last pass only.
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            loss_sum = torch.zeros((), device=device)
+            micro_batches = list(zip(images.chunk(t.accum_steps), targets.chunk(t.accum_steps)))
+            for i, (micro_images, micro_targets) in enumerate(micro_batches):
+                last = i == len(micro_batches) - 1
+                with contextlib.nullcontext() if last or not dist.enabled else train_model.no_sync():
+                    with autocast(device, r.dtype):
+                        output = train_model(micro_images)
+                    loss = criterion(output.float(), micro_targets) * (len(micro_images) / len(images))
+                    loss.backward()
+                loss_sum += loss.detach()
+            step_loss = all_reduce_mean(loss_sum)
+            r.watch_loss(step_loss, step=step + 1)  # read at log intervals and before checkpoints
             if t.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
             lr_now = optimizer.param_groups[0]["lr"]

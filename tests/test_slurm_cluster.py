@@ -1,0 +1,243 @@
+"""Sweeps through the real SLURM cluster of scripts/slurm_cluster.sh (one node; slurmctld,
+slurmd, slurmdbd accounting), submitted as a user types them: `train_gpt2.py -m
+hydra/launcher=slurm_1gpu ...` on a login node, the project's launcher (hydra_plugins/horst_slurm)
+over submitit's SLURM executor. SLURM itself does what it does to jobs: `scancel`, preemption by
+a job on a higher partition (SIGTERM, then SLURM's own requeue), a requeue of a finished job.
+Skipped, with the command that starts the cluster, where it is not running (tests/conftest.py).
+
+The jobs are CPU jobs (`hydra.launcher.gpus_per_node=0`: one task, no GPU asked for) of the
+smallest GPT-2; the tests mostly wait on SLURM (a requeued job starts again ~12 s later).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from test_gpt2_pipeline import QUIET_ENV, ROOT, compose_cfg, final_params, pydoc_dir, read_records  # noqa: F401
+from training.gpt2.run import run as gpt2_run
+
+TINY_GPT2 = [
+    "model=gpt2_nano", "device=cpu", "train.warmup_steps=1", "train.batch_size=2", "train.micro_batch_size=2",
+    "train.log_interval=1", "train.eval_interval=0", "train.checkpoint_interval=0", "eval.max_windows=8",
+    "prune.sparsities=[0.0,0.5]",
+]  # fmt: skip
+# What the presets ask for, cut to a CPU job that fits the test node (8 CPUs, 8 GB).
+CPU_JOB = [
+    "hydra/launcher=slurm_1gpu", "hydra.launcher.gpus_per_node=0", "hydra.launcher.cpus_per_task=1",
+    "hydra.launcher.mem_gb=1", "hydra.launcher.timeout_min=20",
+]  # fmt: skip
+ENV = {**os.environ, **QUIET_ENV, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+TIMEOUT = 400
+
+
+def sweep(sweep_dir: Path, *overrides: str) -> subprocess.Popen:
+    """`python train_gpt2.py -m <CPU_JOB> <TINY_GPT2> overrides hydra.sweep.dir=...`, running."""
+    command = [sys.executable, str(ROOT / "train_gpt2.py"), "-m", *CPU_JOB, *TINY_GPT2, *overrides,
+               f"hydra.sweep.dir={sweep_dir}"]  # fmt: skip
+    return subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(condition, what: str, timeout: float = TIMEOUT, every: float = 0.2):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if value := condition():
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def cells(sweep_dir: Path) -> list[dict]:
+    path = sweep_dir / "jobs.json"
+    return json.loads(path.read_text())["cells"] if path.exists() else []
+
+
+def logged_steps(run_dir: Path) -> list[int]:
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [json.loads(line)["step"] for line in lines if '"train/loss"' in line]
+
+
+def job_state(job_id: str) -> tuple[str, int]:
+    """SLURM's state of the job and how often it was requeued (`scontrol show job`)."""
+    out = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, check=True).stdout
+    fields = dict(f.split("=", 1) for f in out.split() if "=" in f)
+    return fields["JobState"], int(fields["Restarts"])
+
+
+def test_a_cell_slurm_cancels_is_a_failed_cell_and_the_others_finish(slurm_cluster, pydoc_dir, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    launcher = sweep(sweep_dir, f"data.dir={pydoc_dir}", "train.max_steps=4,2000,4")
+    cancelled = wait_for(lambda: len(cells(sweep_dir)) == 3 and cells(sweep_dir)[1], "the submission")
+    wait_for(lambda: logged_steps(Path(cancelled["run_dir"])), "cell 1 to train")
+    subprocess.run(["scancel", cancelled["slurm_job_id"]], check=True)  # SIGTERM to a running job
+    _, stderr = launcher.communicate(timeout=TIMEOUT)
+
+    assert launcher.returncode == 1, stderr[-3000:]
+    run_dir = Path(cancelled["run_dir"])
+    record = json.loads((run_dir / "failed.json").read_text())
+    assert record["slurm_state"].startswith("CANCELLED") and record["slurm_job_id"] == cancelled["slurm_job_id"]
+    assert record["config"]["train"]["max_steps"] == 2000 and record["pipeline"] == "gpt2"
+    assert f"failed cell {run_dir}: SLURM job {cancelled['slurm_job_id']} ended CANCELLED" in stderr
+    assert "1 cell(s) of this multirun failed" in stderr and "Traceback" not in stderr
+    # The run checkpointed on SLURM's SIGTERM before it ended: a rerun continues from there.
+    (checkpoint,) = run_dir.glob("ckpt_*.pt")
+    assert int(checkpoint.stem.split("_")[1]) == logged_steps(run_dir)[-1] < 2000
+    finished = sorted(p.parent.name for p in sweep_dir.glob("*/summary.json"))
+    assert finished == [Path(c["run_dir"]).name for c in cells(sweep_dir) if c is not cancelled and c["num"] != 1]
+    script = next((sweep_dir / ".submitit").rglob("*_submission.sh")).read_text()
+    assert "#SBATCH --array=0-2%3" in script  # the sweep is one job array (parallelism: min(64, cells))
+    assert "#SBATCH --ntasks-per-node=1" in script and "--gpus-per-node" not in script  # a CPU job: one task
+
+
+def test_sigterm_preemption_requeues_and_ends_with_the_weights_of_an_uninterrupted_run(
+    slurm_cluster, pydoc_dir, tmp_path, monkeypatch
+):
+    """A job on `urgent` preempts the cell (both ask for the node's one `slot`): SLURM sends
+    SIGTERM (submitit ignores it), the run checkpoints at the next step and exits, SLURM
+    requeues the job, and the run continues from that checkpoint."""
+    overrides = [*TINY_GPT2, "train.max_steps=60", f"data.dir={pydoc_dir}", "optimizer=horst"]
+    reference = tmp_path / "reference"
+    with monkeypatch.context() as patch:
+        for key, value in QUIET_ENV.items():
+            patch.setenv(key, value)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        gpt2_run(compose_cfg(overrides), run_dir=reference)
+        torch.set_num_threads(threads)
+
+    sweep_dir = tmp_path / "sweep"
+    launcher = sweep(sweep_dir, f"data.dir={pydoc_dir}", "train.max_steps=60", "optimizer=horst",
+                     "hydra.launcher.partition=preemptible", "hydra.launcher.gres=slot:1")  # fmt: skip
+    (cell,) = wait_for(lambda: cells(sweep_dir), "the submission")
+    run_dir = Path(cell["run_dir"])
+    wait_for(lambda: len(logged_steps(run_dir)) >= 3, "the cell to train")
+    subprocess.run(["sbatch", "-p", "urgent", "--gres=slot:1", "-o", "/dev/null", "--wrap", "sleep 1"], check=True,
+                   capture_output=True)  # fmt: skip
+    _, stderr = launcher.communicate(timeout=TIMEOUT)
+    assert launcher.returncode == 0, stderr[-3000:]
+
+    log = "".join(p.read_text() for p in (sweep_dir / ".submitit").rglob("*_log.*"))
+    assert "stopped by SIGTERM: checkpoint written" in log and "resumed from" in log
+    assert job_state(cell["slurm_job_id"])[1] >= 1  # requeued by SLURM, not by submitit
+    assert logged_steps(run_dir) == list(range(1, 61))  # no step lost or repeated
+    without_markers = lambda d: [r for r in read_records(d) if r.get("event") != "checkpoint"]  # noqa: E731
+    assert without_markers(run_dir) == without_markers(reference)
+    expected, actual = final_params(reference), final_params(run_dir)
+    for name in expected:
+        assert torch.equal(expected[name], actual[name]), name
+
+
+def test_a_two_task_ddp_cell_checkpoints_on_usr2_is_requeued_by_submitit_and_finishes(slurm_cluster, pydoc_dir, tmp_path):
+    """Two SLURM tasks train one model (DDP over gloo, rendezvous from SLURM's variables).
+    SIGUSR2 reaches both (what SLURM sends `signal_delay_s` before the time limit; here
+    `scancel --signal=USR2`): they checkpoint at the same step, submitit's handler requeues the
+    job (`scontrol requeue`), and the requeued job continues with no step lost or repeated."""
+    sweep_dir = tmp_path / "sweep"
+    launcher = sweep(sweep_dir, f"data.dir={pydoc_dir}", "train.max_steps=60", "train.batch_size=4",
+                     "hydra.launcher.tasks_per_node=2")  # fmt: skip
+    (cell,) = wait_for(lambda: cells(sweep_dir), "the submission")
+    run_dir = Path(cell["run_dir"])
+    wait_for(lambda: len(logged_steps(run_dir)) >= 3, "the cell to train")
+    subprocess.run(["scancel", "--signal=USR2", cell["slurm_job_id"]], check=True)
+    _, stderr = launcher.communicate(timeout=TIMEOUT)
+    assert launcher.returncode == 0, stderr[-3000:]
+
+    log = "".join(p.read_text() for p in (sweep_dir / ".submitit").rglob("*_log.*"))
+    assert "Requeued job" in log and "resumed from" in log
+    assert job_state(cell["slurm_job_id"])[1] == 1
+    assert logged_steps(run_dir) == list(range(1, 61))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["train"]["world_size"] == 2 and summary["train"]["steps"] == 60
+
+
+@pytest.mark.slow  # several 2-minute time limits
+def test_a_cell_past_its_time_limit_is_requeued_from_its_checkpoints_until_it_finishes(slurm_cluster, pydoc_dir, tmp_path):
+    """A 3-minute limit with SIGUSR2 60 s before it: each run of the job trains until the signal,
+    checkpoints, and submitit requeues it as timed out. SLURM sends the signal up to 60 s
+    early: a signal that lands while Python starts, before submitit's handler, kills the job
+    (a failed cell, "User defined signal 2"), hence the margin."""
+    sweep_dir = tmp_path / "sweep"
+    launcher = sweep(sweep_dir, f"data.dir={pydoc_dir}", "train.max_steps=1500", "hydra.launcher.timeout_min=3",
+                     "hydra.launcher.signal_delay_s=60", "hydra.launcher.max_num_timeout=8")  # fmt: skip
+    _, stderr = launcher.communicate(timeout=1500)
+    assert launcher.returncode == 0, stderr[-3000:]
+    (cell,) = cells(sweep_dir)
+    log = "".join(p.read_text() for p in (sweep_dir / ".submitit").rglob("*_log.*"))
+    assert "this job is timed-out" in log and "resumed from" in log
+    assert job_state(cell["slurm_job_id"])[1] >= 1
+    assert logged_steps(Path(cell["run_dir"])) == list(range(1, 1501))
+
+
+def snapshot(folder: Path) -> dict[str, tuple[str, int]]:
+    return {str(p.relative_to(folder)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file()}  # fmt: skip
+
+
+def test_a_late_requeue_of_a_finished_cell_changes_no_file(slurm_cluster, pydoc_dir, tmp_path):
+    """What SLURM does to a job that finished within its grace period after SIGTERM: it runs it
+    again. The second run finds its run folder finished and leaves every file as it was
+    (Hydra's own `.hydra/*.yaml` are written again by each job, with the same content)."""
+    sweep_dir = tmp_path / "sweep"
+    launcher = sweep(sweep_dir, f"data.dir={pydoc_dir}", "train.max_steps=4")
+    _, stderr = launcher.communicate(timeout=TIMEOUT)
+    assert launcher.returncode == 0, stderr[-3000:]
+    (cell,) = cells(sweep_dir)
+    run_dir, job_id = Path(cell["run_dir"]), cell["slurm_job_id"]
+    before = snapshot(run_dir)
+
+    subprocess.run(["scontrol", "requeue", job_id], check=True)
+    wait_for(lambda: job_state(job_id) == ("COMPLETED", 1), "the requeued job to end", every=1)
+    log = "".join(p.read_text() for p in (sweep_dir / ".submitit").rglob("*_log.out"))
+    assert "holds this run, finished (summary.json); nothing to do" in log
+    after = snapshot(run_dir)
+    hydra_files = {k for k in before if k.startswith(".hydra/")}
+    assert {k: v[0] for k, v in after.items()} == {k: v[0] for k, v in before.items()}  # same files, same bytes
+    assert {k: v for k, v in after.items() if k not in hydra_files} == {
+        k: v for k, v in before.items() if k not in hydra_files
+    }  # untouched
+
+
+def test_submit_and_return_then_status_follows_the_cells(slurm_cluster, pydoc_dir, tmp_path):
+    """`hydra.launcher.wait=false` returns once the jobs are queued; `scripts/sweep_status.py`
+    shows each cell's state, records a cell SLURM ended as failed, and collects the tables."""
+    sweep_dir = tmp_path / "sweep"
+    launcher = sweep(sweep_dir, f"data.dir={pydoc_dir}", "train.max_steps=6,2000", "hydra.launcher.wait=false")
+    _, stderr = launcher.communicate(timeout=TIMEOUT)
+    assert launcher.returncode == 0, stderr[-3000:]
+    assert f"their state: python scripts/sweep_status.py {sweep_dir}" in stderr
+    short, long = cells(sweep_dir)
+    assert not list(sweep_dir.glob("*/summary.json"))  # returned before any cell finished
+
+    def status() -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(ROOT / "scripts" / "sweep_status.py"), str(sweep_dir)], env=ENV,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+
+    first = status()
+    assert first.returncode == 3, first.stderr  # some cells pending or running
+    assert all(line.split()[1] in ("pending", "running") for line in first.stdout.splitlines()[:2]), first.stdout
+    wait_for(lambda: logged_steps(Path(long["run_dir"])), "the long cell to train")
+    subprocess.run(["scancel", long["slurm_job_id"]], check=True)
+    wait_for(lambda: status().returncode != 3, "every cell to end", every=2)
+
+    final = status()
+    rows = {line.split()[0]: line for line in final.stdout.splitlines()[:2]}
+    assert final.returncode == 1, final.stdout
+    assert rows[Path(short["run_dir"]).name].split()[1] == "done"
+    assert f"failed   SLURM job {long['slurm_job_id']} ended CANCELLED" in rows[Path(long["run_dir"]).name]
+    record = json.loads((Path(long["run_dir"]) / "failed.json").read_text())
+    assert record["slurm_state"].startswith("CANCELLED") and record["config"]["train"]["max_steps"] == 2000
+    assert "1 done, 1 failed, 0 running, 0 pending of 2 cells" in final.stdout
+
+    tables = subprocess.run([sys.executable, str(ROOT / "scripts" / "sweep_status.py"), str(sweep_dir), "--tables",
+                             str(tmp_path / "tables")], env=ENV, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert tables.returncode == 1, tables.stderr[-2000:]
+    assert list((tmp_path / "tables").iterdir()), tables.stdout

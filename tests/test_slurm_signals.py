@@ -1,0 +1,73 @@
+"""The signals that stop a run besides SLURM's pre-timeout SIGUSR2 (tests/test_gpt2_preemption.py):
+SIGTERM (what SLURM sends on preemption, `scancel` and `scontrol requeue`) and SIGINT (Ctrl-C).
+Each checkpoints at the next step and exits like SIGUSR2 (exit 3, the line that continues the
+run); the same command continues and finishes with the weights of an uninterrupted run; typed
+once more, it finds the run finished and changes no file (training/preemption.py,
+training/runner.py's `finished_summary`)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import torch
+
+from test_gpt2_pipeline import (  # noqa: F401 - fixtures are used by name
+    ROOT, _subprocess_env, compose_cfg, final_params, pydoc_dir, quiet_single_threaded, read_records, tiny_overrides,
+)  # fmt: skip
+from training.gpt2.run import run
+from training.preemption import PREEMPTED_EXIT_CODE
+
+
+def logged_steps(run_dir):
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [json.loads(line)["step"] for line in lines if '"train/loss"' in line]
+
+
+def test_sigint_and_sigterm_checkpoint_and_the_same_command_continues_then_changes_nothing(pydoc_dir, tmp_path):
+    overrides = tiny_overrides(pydoc_dir, "train.max_steps=30", "train.eval_interval=0", "train.checkpoint_interval=0",
+                               "train.log_interval=1")  # fmt: skip
+    reference = tmp_path / "reference"
+    run(compose_cfg(overrides), run_dir=reference)
+
+    run_dir = tmp_path / "run"
+    command = [sys.executable, str(ROOT / "train_gpt2.py"), *overrides, f"hydra.run.dir={run_dir}"]
+    stopped_at = 0
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        child = subprocess.Popen(command, env=_subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                 text=True)  # fmt: skip
+        deadline = time.time() + 120
+        while len(logged_steps(run_dir)) < stopped_at + 3 and child.poll() is None and time.time() < deadline:
+            time.sleep(0.02)
+        child.send_signal(signum)
+        _, stderr = child.communicate(timeout=120)
+        assert child.returncode == PREEMPTED_EXIT_CODE, stderr[-2000:]
+        name = signal.Signals(signum).name
+        assert f"stopped by {name}: checkpoint written; continue with: python train_gpt2.py " in stderr
+        assert "Traceback" not in stderr and not (run_dir / "summary.json").exists()
+        checkpoints = sorted(int(p.stem.split("_")[1]) for p in run_dir.glob("ckpt_*.pt"))
+        assert checkpoints[-1] >= stopped_at + 3  # this stop's, at the step after the signal
+        stopped_at = checkpoints[-1]
+        assert logged_steps(run_dir) == list(range(1, stopped_at + 1)) and stopped_at < 30
+
+    finished = subprocess.run(command, env=_subprocess_env(), capture_output=True, text=True, timeout=120)
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    assert logged_steps(run_dir) == list(range(1, 31))  # each step once
+    without_markers = lambda d: [r for r in read_records(d) if r.get("event") != "checkpoint"]  # noqa: E731
+    assert without_markers(run_dir) == without_markers(reference)
+    expected, actual = final_params(reference), final_params(run_dir)
+    for name in expected:
+        assert torch.equal(expected[name], actual[name]), name
+
+    files = lambda: {p: (hashlib.sha256(p.read_bytes()).digest(), p.stat().st_mtime_ns)  # noqa: E731
+                     for p in sorted(run_dir.rglob("*")) if p.is_file() and ".hydra" not in p.parts}  # fmt: skip
+    before = files()
+    again = subprocess.run(command, env=_subprocess_env(), capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert f"{run_dir} holds this run, finished (summary.json); nothing to do" in again.stdout
+    assert files() == before

@@ -1,0 +1,228 @@
+"""Tuning as a feature (training/tuning.py, scripts/tune.py): quasi-random trials through
+Hydra's multirun and hydra-optuna-sweeper, scored on the validation split only, the pick
+written where the next run reads it, and the equal-budget check a study calls.
+
+The real thing at tiny size: 3 trials of AdamW on the digits ViT (1 block, 4 epochs) through
+the basic launcher, in this process (so the test split can be poisoned in place)."""
+
+from __future__ import annotations
+
+import math
+import shutil
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+
+import training.vit.data
+from training import tuning
+from training.vit.config import register_configs
+from training.vit.data import DigitsDataset
+
+register_configs()
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ("train.epochs=4", "acdc.dense_warmup=1", "acdc.compressed=1", "acdc.decompressed=1", "acdc.final_decompressed=1",
+        "acdc.final_compressed=1", "model.depth=1", "logging.mode=disabled",
+        "train.warmup_epochs=int(interval(0, 2))")  # fmt: skip  # (the last: a sweep, replacing the YAML's 0-4)
+TRIALS = 3
+
+
+def _tune(tmp: Path) -> tuple[dict, Path, Path]:
+    """AdamW tuned on a copy of configs/ (the pick is written there); returns the new tuned
+    values, the configs and the results folder."""
+    configs, results = tmp / "configs", tmp / "results"
+    shutil.copytree(ROOT / "configs", configs)
+    values = tuning.tune("vit", "adamw", trials=TRIALS, overrides=TINY, commit="c0ffee", command="pytest",
+                         config_dir=configs, results_dir=results, sweep_dir=tmp / "sweep")  # fmt: skip
+    return values, configs, results
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    return _tune(tmp_path_factory.mktemp("clean"))
+
+
+class PoisonedDigits(DigitsDataset):
+    """The digits with every test label shifted by one: a model scored on them ranks near zero."""
+
+    def __init__(self, split: str, **kwargs) -> None:
+        super().__init__(split, **kwargs)
+        if split == "test":
+            self.targets = [(t + 1) % 10 for t in self.targets]
+
+
+def _compose(configs: Path, *overrides: str):
+    with initialize_config_dir(config_dir=str(configs), version_base="1.3"):
+        return compose("train_vit", overrides=list(overrides))
+
+
+def test_tuning_never_reads_the_test_split(tuned, tmp_path, monkeypatch):
+    """With the test split poisoned, every trial scores exactly as before and the pick stays;
+    the poison bites: the same model scored on the test split ranks near zero."""
+    clean, _, _ = tuned
+    monkeypatch.setattr(training.vit.data, "DigitsDataset", PoisonedDigits)
+    poisoned, configs, _ = _tune(tmp_path)
+    assert poisoned["provenance"]["scores"] == clean["provenance"]["scores"]
+    assert poisoned["provenance"]["pick"] == clean["provenance"]["pick"]
+    assert (poisoned["base_lr"], poisoned["weight_decay"], poisoned["warmup_epochs"]) == (
+        clean["base_lr"], clean["weight_decay"], clean["warmup_epochs"])  # fmt: skip
+
+    from training.vit.run import run
+
+    picked = [o for o in TINY if "interval" not in o]
+    summary = run(_compose(configs, "optimizer=adamw", "eval_split=test", *picked), run_dir=tmp_path / "on_test")
+    assert summary["eval_split"] == "test"
+    assert summary["top1"] < 0.2 < clean["provenance"]["pick"]["score"]  # reading test would change every score
+
+
+def test_the_written_pick_is_what_the_next_run_composes(tuned):
+    values, configs, results = tuned
+    cfg = _compose(configs, "optimizer=adamw")
+    assert cfg.train.base_lr == values["base_lr"] and cfg.train.warmup_epochs == values["warmup_epochs"]
+    assert cfg.optimizer.weight_decay == values["weight_decay"] and cfg.optimizer.betas == [0.9, 0.999]  # kept
+    horst = _compose(configs, "optimizer=horst")
+    assert horst.train.base_lr == 3e-3 and horst.optimizer.weight_decay == 0.05  # another arm does not move
+
+    provenance = cfg.tuned.adamw.provenance
+    assert (provenance.trials, list(provenance.seeds), provenance.eval_split) == (TRIALS, [100], "validation")
+    assert provenance.commit == "c0ffee" and set(provenance.space) == {"train.base_lr", "optimizer.weight_decay", "train.warmup_epochs"}
+    trials = pd.read_csv(results / "vit" / "digits" / "tuning.csv")
+    assert list(trials["trial"]) == list(range(TRIALS)) and set(trials["seed"]) == {100}
+    assert (trials["eval_split"] == "validation").all() and list(trials["score"]) == list(provenance.scores)
+    pick = trials[trials["pick"]]
+    assert len(pick) == 1 and pick["score"].item() == max(trials["score"]) == provenance.pick.score
+    assert pick["train.base_lr"].item() == pytest.approx(values["base_lr"], rel=1e-12)
+
+
+def _provenance(trials: int, seeds: list[int], split: str = "validation") -> dict:
+    return {"provenance": {"trials": trials, "seeds": seeds, "eval_split": split}}
+
+
+@pytest.mark.parametrize(
+    "arms,message",
+    [
+        ({"adamw": _provenance(16, [100]), "horst": _provenance(8, [100])}, r"unequal tuning budgets \(trials: adamw 16, horst 8\)"),
+        ({"adamw": _provenance(16, [100]), "horst": _provenance(16, [3])}, r"arm horst was tuned on reporting seeds \[3\]"),
+        ({"adamw": _provenance(16, [100]), "horst": _provenance(16, [101])}, "arms tuned on different seeds"),
+        ({"adamw": _provenance(16, [100]), "horst": _provenance(16, [100], "test")}, "arm horst was tuned on eval_split=test"),
+        ({"adamw": _provenance(16, [100]), "horst": {"provenance": None}}, "arm horst was not tuned by scripts/tune.py"),
+    ],
+)
+def test_unequal_budgets_are_refused(arms, message):
+    with pytest.raises(tuning.BudgetError, match=message):
+        tuning.check_equal_budgets(arms, arms, reporting_seeds=range(10))
+
+
+def test_equal_budgets_pass_and_the_committed_picks_were_not_tuned_alike(tuned):
+    """The check reads a run's composed `tuned` node: the fresh AdamW pick passes; next to the
+    committed HORST grid pick (made before this protocol) it is refused."""
+    _, configs, _ = tuned
+    cfg = _compose(configs)
+    tuning.check_equal_budgets(cfg.tuned, ["adamw"], reporting_seeds=range(10))
+    equal = {"adamw": _provenance(16, [100, 101]), "horst": _provenance(16, [100, 101])}
+    tuning.check_equal_budgets(equal, equal, reporting_seeds=range(10))
+    with pytest.raises(tuning.BudgetError, match="arm horst was not tuned"):
+        tuning.check_equal_budgets(cfg.tuned, ["adamw", "horst"], reporting_seeds=range(10))
+
+
+def _sobol_points(scores) -> list[dict]:
+    optuna = tuning.optuna  # imported there without its SQLAlchemy deprecation warning
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(sampler=tuning.SobolSampler(seed=0))
+    for score in scores:
+        trial = study.ask()
+        trial.suggest_float("lr", 1e-4, 1e-2, log=True), trial.suggest_int("warmup", 0, 7), trial.suggest_float("beta", 0, 1)
+        study.tell(trial, score)
+    return [t.params for t in study.trials]
+
+
+def test_the_sobol_sampler_stratifies_every_coordinate_whatever_the_scores():
+    """The first 2^m points of a scrambled Sobol sequence put one point in each of the 2^m equal
+    slices of every coordinate (log-uniform: of the log), and the points do not depend on the
+    scores, so every arm is searched alike and parallel batches equal sequential trials."""
+    points = _sobol_points([0.0] * 8)
+    assert sorted(int(8 * math.log10(p["lr"] / 1e-4) / 2) for p in points) == list(range(8))
+    assert sorted(p["warmup"] for p in points) == list(range(8))
+    assert sorted(int(8 * p["beta"]) for p in points) == list(range(8))
+    assert _sobol_points([float(n % 3) for n in range(8)]) == points
+
+
+def _gpt2_summary(*ppls, split="validation") -> dict:
+    rows = [{"method": "magnitude", "pattern": "unstructured", "sparsity": s, "ppl": p} for s, p in zip((0.0, 0.5, 0.9), ppls)]
+    return {"eval_split": split, "pruning": {"results": [*rows, {"method": "wanda", "pattern": "unstructured", "sparsity": 0.5, "ppl": 1.0}]}}
+
+
+def test_the_score_is_the_validation_metric_and_a_failure_scores_worst():
+    """GPT-2: the geometric mean of the magnitude rows at 50-90 % (not the dense row, not
+    Wanda's); a non-finite perplexity (null in summary.json) or a failed run scores worst; a
+    summary of the test split is refused."""
+    assert tuning.validation_score("gpt2", _gpt2_summary(10.0, 20.0, 80.0)) == pytest.approx(40.0)
+    assert tuning.validation_score("gpt2", _gpt2_summary(10.0, None, 80.0)) == math.inf
+    assert tuning.validation_score("vit", {"status": "failed", "reason": "non-finite loss"}) == -math.inf
+    assert tuning.validation_score("vit", {"eval_split": "validation", "top1": 0.75}) == 0.75
+    with pytest.raises(tuning.TuningError, match="scored on eval_split=test"):
+        tuning.validation_score("gpt2", _gpt2_summary(10.0, 20.0, 80.0, split="test"))
+
+
+SEARCH_SPACES = sorted(p.stem for p in (ROOT / "configs" / "hparams_search").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", SEARCH_SPACES)
+def test_every_search_space_reaches_its_arm(name):
+    """Each optimizer's space (AdamW: lr, decay, warm-up; HAM, HORST: lr, alpha, beta) composes,
+    and every key it searches is read from the arm's tuned file."""
+    pipeline, optimizer = name.split("_", 1)
+    planned = tuning.plan(pipeline, optimizer, trials=4)
+    leaves = {key.rsplit(".", 1)[1] for key in planned.space}
+    lr = "base_lr" if pipeline == "vit" else "lr"
+    assert leaves == ({lr, "weight_decay", f"warmup_{'epochs' if pipeline == 'vit' else 'steps'}"} if optimizer == "adamw"
+                      else {lr, "alpha", "beta"})  # fmt: skip
+    assert planned.arm_file == ROOT / "configs" / "tuned" / pipeline / planned.recipe / f"{optimizer}.yaml"
+    assert "hydra.sweeper.n_trials=4" in planned.arguments and planned.seed >= tuning.TUNING_SEEDS_START
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["seed=7"], "seed=7: tuning seeds start at 100"),
+        (["eval_split=test"], "eval_split=test: tuning scores on the validation split only"),
+        (["train.min_lr=tag(log, interval(1e-6, 1e-4))"], "searches train.min_lr, which the run does not read from tuned.adamw.min_lr"),
+    ],
+)
+def test_a_tuning_that_could_not_count_is_refused_before_any_trial(overrides, message):
+    with pytest.raises(tuning.TuningError, match=message):
+        tuning.plan("vit", "adamw", overrides=overrides)
+
+
+def test_a_dirty_tree_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "a.txt").write_text("a\n")
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "add", "a.txt"], check=True)
+    subprocess.run([*git, "commit", "-qm", "a"], check=True)
+    assert len(tuning.require_clean_tree(tmp_path)) == 40
+    (tmp_path / "a.txt").write_text("b\n")
+    monkeypatch.setattr(tuning, "ROOT", tmp_path)
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import tune
+
+    with pytest.raises(SystemExit, match=r"^error: the git tree at .* has uncommitted changes \(M a.txt, \.\.\.\): commit or stash"):
+        tune.main(["vit", "adamw"])
+
+
+@pytest.mark.slow  # two trials as submitit subprocesses (~1-3 min here)
+def test_trials_run_through_submitit_as_on_slurm(tmp_path):
+    """`hydra/launcher=local` is submitit's executor, the code path of `hydra/launcher=slurm`:
+    each trial is pickled (the task function by reference), run in its own process, and its
+    score comes back to the sweeper."""
+    configs = tmp_path / "configs"
+    shutil.copytree(ROOT / "configs", configs)
+    overrides = (*TINY, "model=vit_nano", "train.batch_size=256", "train.base_batch_size=256", "hydra/launcher=local",
+                 "hydra.sweeper.n_jobs=2")  # fmt: skip
+    values = tuning.tune("vit", "adamw", trials=2, overrides=overrides, commit="c0ffee", command="pytest",
+                         config_dir=configs, results_dir=tmp_path / "results", sweep_dir=tmp_path / "sweep")  # fmt: skip
+    assert len(list((tmp_path / "sweep" / ".submitit").rglob("*_log.out"))) == 2
+    assert len(values["provenance"]["scores"]) == 2 and all(0 < s <= 1 for s in values["provenance"]["scores"])
