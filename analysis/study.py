@@ -11,6 +11,8 @@ refused where the code or a config changed under its runs, then its results fold
 * **Provenance.** The study refuses to start from a dirty tree (`check_clean`), refuses runs that
   ran from one (commit `-dirty`), and where its runs span commits, refuses any whose code
   (`CODE`: horst/, pruning/, training/, configs/) differs from this commit's (`git diff`).
+* **Budgets.** The embedded study refuses arms whose optimizers were not tuned alike by
+  scripts/tune.py (equal trials, validation split, tuning seeds disjoint from its seeds).
 * **Launch.** The jobs not done go through Hydra's own multirun and the preset's launcher
   (joblib here, two jobs side by side; `hydra/launcher=slurm` on a cluster): one multirun per
   preset when nothing is done, else one per set of jobs that forms a sweep.
@@ -158,6 +160,7 @@ def plan(presets: Sequence[str], extra: Sequence[str] = (), *, configs: Path = R
                     del job["hydra"]
                     jobs.append(Job(pipeline, preset, overrides, seed, str(folder), str(config.hydra.sweep.dir),
                                     signature_hash(job), job))  # fmt: skip
+        HydraConfig.instance().cfg = None  # set only to resolve the sweep folder: no job of this process runs
         GlobalHydra.instance().clear()
     return jobs
 
@@ -260,12 +263,26 @@ def presets_of(study: str, pipelines: Sequence[str] = tuple(PIPELINES)) -> list[
     return presets
 
 
+def check_budgets(jobs: Sequence[Job]) -> None:
+    """Per pipeline: the optimizers the arms run at their tuned values (adamw, ham, horst) were tuned
+    alike on validation with seeds disjoint from the jobs' reporting seeds (training.tuning's check,
+    a BudgetError naming the arm otherwise)."""
+    from training.tuning import check_equal_budgets
+
+    for pipeline, group in itertools.groupby(sorted(jobs, key=lambda j: j.pipeline), key=lambda j: j.pipeline):
+        group = list(group)
+        optimizers = sorted({j.config["optimizer"]["name"] for j in group})
+        check_equal_budgets(group[0].config["tuned"], optimizers, reporting_seeds=sorted({j.seed for j in group}))
+
+
 def run_study(study: str, *, extra: Sequence[str] = (), report_only: bool = False, out: Path | None = None,
               pipelines: Sequence[str] = tuple(PIPELINES)) -> int:  # fmt: skip
     """Plan, check, launch what is missing, report. 0 when every planned run finished."""
     presets = presets_of(study, pipelines)
     out = out or REPO / "results" / study
     jobs = plan(presets, extra)
+    if study == "embedded" and not report_only:  # a fair comparison; the demo shows the pipelines run
+        check_budgets(jobs)
     record = out / "runs.csv"
     frame, folders = runs_of(jobs, record)
     problems = stale(jobs, frame, folders)

@@ -7,7 +7,7 @@ resumable from results/<study>/runs.csv, then the results folder (analysis.study
     python scripts/embedded_study.py --check         # make check-results: rerun one cell per pipeline
     python scripts/embedded_study.py hydra/launcher=slurm   # extra overrides go to every multirun
 
-Refuses a dirty tree, runs of other code (commits whose horst/, pruning/, training/, configs/
+Refuses a dirty tree, arms not tuned alike (scripts/tune.py; the embedded study), runs of other code (commits whose horst/, pruning/, training/, configs/
 differ) and finished runs whose config is not what the presets now compose (stale).
 """
 
@@ -16,6 +16,7 @@ import sys
 
 from analysis.runs import NoRunsError
 from analysis.study import StudyError, check_clean, check_results, run_study
+from training.config import RunError
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -33,5 +34,5 @@ if __name__ == "__main__":
         if not args.report_only:
             check_clean()
         sys.exit(run_study(study, extra=args.overrides, report_only=args.report_only, pipelines=pipelines))
-    except (StudyError, NoRunsError) as error:
+    except (StudyError, NoRunsError, RunError) as error:  # RunError: training.tuning's BudgetError
         sys.exit(f"error: {error}")

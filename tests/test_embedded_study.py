@@ -55,6 +55,15 @@ def test_multiruns_are_the_whole_sweep_or_the_missing_cells(demo_jobs):
         "python", "train_vit.py", "-m", "+study=demo_vit", "+arm=ham", "seed=0", "train.epochs=5"]
 
 
+def test_arms_not_tuned_alike_are_refused(demo_jobs):
+    """The committed picks were made before scripts/tune.py (no provenance): the embedded study
+    refuses them, naming the arm, until each arm is tuned with the same budget."""
+    from training.tuning import BudgetError
+
+    with pytest.raises(BudgetError, match="arm adamw was not tuned by scripts/tune.py"):
+        study.check_budgets(demo_jobs)
+
+
 def test_a_stale_run_is_named_with_the_keys_that_differ(tmp_path, demo_jobs, write_run):
     job = demo_jobs[0]
     old = json.loads(json.dumps(job.config))
