@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 import torch
+import yaml
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
@@ -465,15 +466,13 @@ def record_failed_cell(run_dir: Path, *, pipeline: str, reason: str, exit_code: 
 
 def finished_summary(run_dir: Path, config: Mapping[str, Any]) -> dict | None:
     """The summary of the run that already finished in `run_dir` with these settings (those
-    of `RESUMABLE_CHANGES` aside), else None. A job SLURM requeues after it finished (one
+    of `training.no_effect.NO_EFFECT` aside), else None. A job SLURM requeues after it finished (one
     that ended within its grace period after SIGTERM) or the same command typed again then
     changes nothing: no second training, no rewritten summary, no appended metrics."""
     summary, written = run_dir / SUMMARY_FILE, run_dir / CONFIG_FILE
     if not (summary.is_file() and written.is_file()):
         return None
-    import yaml
-
-    if config_differences(yaml.safe_load(written.read_text()), config, ignore=RESUMABLE_CHANGES):
+    if config_differences(yaml.safe_load(written.read_text()), config, ignore=NO_EFFECT):
         return None  # other settings: `Run.restore` names them, or evaluates anew
     return json.loads(summary.read_text())
 
