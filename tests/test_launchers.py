@@ -157,3 +157,14 @@ def test_a_run_folder_that_cannot_be_written_is_one_line(mode, tmp_path):
     assert result.stderr.strip().splitlines() == [
         f"error: {key}={folder}/out cannot be written (Read-only file system); choose a writable folder ({key}=...)"
     ]
+
+
+@pytest.mark.parametrize("preset", ["slurm", "slurm_1gpu"])
+def test_slurm_presets_give_each_task_the_cpus_the_deit_recipe_loads_with(preset):
+    """A GPU task runs the training process and the recipe's DataLoader workers: fewer CPUs
+    than that starve the GPU (the presets once asked for 8 with 10 workers per GPU)."""
+    import yaml
+
+    launcher = yaml.safe_load((ROOT / "configs" / "hydra" / "launcher" / f"{preset}.yaml").read_text())
+    recipe = yaml.safe_load((ROOT / "configs" / "vit_recipe" / "deit_imagenet.yaml").read_text())
+    assert launcher["cpus_per_task"] >= recipe["data"]["num_workers"] + 1
