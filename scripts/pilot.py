@@ -44,10 +44,13 @@ def run_cell(argv: list[str]) -> dict:
     run_dir = Path(argv[-1].split("=", 1)[1])
     done = run_dir / "summary.json"
     if not done.is_file():
-        process = subprocess.Popen([sys.executable, *argv[1:]], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        _, status, usage = os.wait4(process.pid, 0)
+        log = run_dir.with_name(f"{run_dir.name}.log")  # the run's output (a pipe nobody reads would fill and stall it)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "wb") as output:
+            process = subprocess.Popen([sys.executable, *argv[1:]], cwd=ROOT, stdout=output, stderr=subprocess.STDOUT)
+            _, status, usage = os.wait4(process.pid, 0)
         if os.waitstatus_to_exitcode(status) != 0:
-            raise SystemExit(f"error: {shlex.join(argv)} failed:\n{process.stderr.read().decode()[-2000:]}")
+            raise SystemExit(f"error: {shlex.join(argv)} failed; its output: {log}")
         (run_dir / "cpu_seconds.txt").write_text(f"{usage.ru_utime + usage.ru_stime:.1f}\n")
     summary = json.loads(done.read_text())
     measured = run_dir / "cpu_seconds.txt"  # absent for a run whose pilot process was stopped before it ended
@@ -85,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}, {(time.time() - started) / 60:.1f} min; "
         f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPU cores ({platform.processor() or 'unknown CPU'}), "
         f"Python {platform.python_version()}; {args.jobs} runs side by side, each on 1 torch thread (`cpu_threads: 1`, "
-        f"plain optimizer path). Load average before: {', '.join(f'{x:.1f}' for x in os.getloadavg())}.", "",
+        f"plain optimizer path). Load average at the end: {', '.join(f'{x:.1f}' for x in os.getloadavg())}.", "",
         "Rule (issue 23): keep the benchmark if dense top-1 <= 95 % and AdamW at 90 % loses >= 3 points against its "
         "dense run; measured on the validation split (1,000 examples; the study reports on the 5,000 test examples). "
         "The optimizers run at the digits recipe's values (AdamW decay 0.05; HORST alpha 3, beta 0.3), not tuned here.", "",
