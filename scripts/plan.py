@@ -361,6 +361,8 @@ def launcher_lines(config: Any, cells: list[Cell]) -> list[str]:
                             if timeout_h and wall > timeout_h else ""))  # fmt: skip
     elif "LocalLauncher" in target:
         lines.append(f"  submitit's local executor: {len(cells)} subprocesses on this machine")
+    elif "JoblibLauncher" in target:
+        lines.append(f"  joblib: the {len(cells)} cells in {launcher.get('n_jobs')} processes side by side on this machine")
     else:
         lines.append(f"  Hydra's basic launcher: the {len(cells)} cells one after another in this process")
     return lines
