@@ -85,7 +85,7 @@ def test_slurm_launcher_submits_the_preset_as_one_array_that_completes(fake_slur
     lines = set(script.read_text().splitlines())
     for line in ("#SBATCH --array=0-1%2", "#SBATCH --gpus-per-node=1", "#SBATCH --ntasks-per-node=1",
                  "#SBATCH --signal=USR2@300", "#SBATCH --time=2880", "#SBATCH --partition=gpu",
-                 "#SBATCH --account=proj", "#SBATCH --cpus-per-task=8", "#SBATCH --mem=256GB", "#SBATCH --nodes=1"):  # fmt: skip
+                 "#SBATCH --account=proj", "#SBATCH --cpus-per-task=12", "#SBATCH --mem=256GB", "#SBATCH --nodes=1"):  # fmt: skip
         assert line in lines, line
     assert any(re.match(r"srun .*python.* -u -m submitit.core._submit", line) for line in lines)
     assert [s["optimizer"]["name"] for s in summaries(sweep).values()] == ["adamw", "horst"]

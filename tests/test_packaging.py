@@ -126,7 +126,7 @@ def test_wheel_installs_with_torch_alone_and_takes_a_step(tmp_path):
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source)
-    for package in ("horst", "pruning", "training", "analysis"):
+    for package in ("horst", "pruning", "training", "analysis", "hydra_plugins"):
         shutil.copytree(ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet"]
     subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", tmp_path / "dist", source],

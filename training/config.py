@@ -16,9 +16,33 @@ from typing import Any, Iterable, List, Mapping, Optional
 from omegaconf import MISSING, OmegaConf
 
 
-# `${dirname_suffix:${hydra:job.override_dirname}}` in the run folder names (configs/train_*.yaml):
-# "_key=value,..." for a command line's overrides, nothing without any.
-OmegaConf.register_new_resolver("dirname_suffix", lambda dirname: f"_{dirname}" if dirname else "", replace=True)
+# `${run_suffix:${hydra:overrides.task}}` in the run folder names (configs/train_*.yaml): "_key=value,..."
+# of the command line's overrides, nothing without any. Left out: the keys the name spells already
+# and those that change no result (training.no_effect), so a run staged elsewhere or logged otherwise
+# continues in its folder; `/` becomes `_`, and a suffix too long for a file name keeps its start and
+# a hash of the whole (the same overrides, the same folder).
+_NAMED_KEYS = ("seed", "optimizer", "model", "acdc.sparsity", "sweep", "study")
+_SUFFIX_CHARS = 120
+
+
+def run_suffix(overrides) -> str:
+    import hashlib
+
+    from training.no_effect import no_effect
+
+    kept = []
+    for override in overrides:
+        key = str(override).split("=", 1)[0].lstrip("+~")
+        if key in _NAMED_KEYS or key.startswith("hydra") or no_effect(key):
+            continue
+        kept.append(str(override).lstrip("+").replace("/", "_"))
+    suffix = ",".join(kept)
+    if len(suffix) > _SUFFIX_CHARS:
+        suffix = f"{suffix[:_SUFFIX_CHARS - 11]}-{hashlib.sha1(suffix.encode()).hexdigest()[:10]}"
+    return f"_{suffix}" if suffix else ""
+
+
+OmegaConf.register_new_resolver("run_suffix", run_suffix, replace=True)
 
 import training.resolvers  # noqa: F401  (registers the configs' resolvers, e.g. `sum`, for every entry point)
 
