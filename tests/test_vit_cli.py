@@ -26,7 +26,7 @@ def test_vit_smoke_preset_logs_plain_lines_and_the_same_command_continues_its_fo
     assert first.returncode == 0, first.stderr[-2000:]
     output = first.stdout + first.stderr
     assert "\r" not in output and "Warning" not in output, output[:2000]  # no bar redraws, no callback warning
-    assert "epoch 1 compressed: step 25/88 loss " in first.stdout and "epoch   3   compressed: train loss" in first.stdout
+    assert "epoch 1 compressed: step 25/64 loss " in first.stdout and "epoch   3   compressed: train loss" in first.stdout
     (folder,) = (tmp_path / "outputs" / "vit").iterdir()
     assert folder.name == "vit_digits_horst_s0.9_seed0_experiment=smoke_vit" and (folder / "summary.json").is_file()
     assert f"run folder: {folder}" in first.stdout
