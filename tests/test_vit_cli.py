@@ -33,7 +33,7 @@ def test_vit_smoke_preset_logs_plain_lines_and_the_same_command_continues_its_fo
 
     again = entry_point("train_vit.py", "experiment=smoke_vit", cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-2000:]
-    assert f"resumed from {folder}/ckpt_00000088.pt at epoch 4" in again.stdout
+    assert f"{folder} holds this run, finished (summary.json); nothing to do" in again.stdout  # nothing redone
     assert [p.name for p in (tmp_path / "outputs" / "vit").iterdir()] == [folder.name]
 
 
