@@ -1,9 +1,10 @@
 """The README's "To add" recipes, followed once each in a copy of configs/: a new optimizer and a
 new recipe compose, pass the pipeline's checks and build (an arm of the study:
-tests/test_embedded_study.py)."""
+tests/test_embedded_study.py); and every path its code map names exists."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -55,3 +56,13 @@ def test_adding_a_recipe_is_its_yaml_and_its_tuned_index(tmp_path):
                              "acdc.final_decompressed=8", "acdc.compressed=4", "acdc.decompressed=4"])  # fmt: skip
     validate(cfg, world_size=1)
     assert cfg.train.epochs == 80 and cfg.optimizer.alpha == horst["alpha"] and cfg.optimizer.beta == horst["beta"]
+
+
+def test_every_path_the_code_map_names_exists():
+    readme = (CONFIGS.parent / "README.md").read_text()
+    table = readme[readme.index("## Code map"):readme.index("To add")]
+    paths = [p for cell in re.findall(r"^\| `([^|]*)\|", table, re.M) for p in re.findall(r"`?([\w/.]+\.py|[\w/]+/)`?", cell)]
+    paths += [f"training/{name}" for name in re.findall(r"`(\w+\.py)`", table.split("| `training/` |")[1].split("\n")[0])]
+    assert len(paths) > 10
+    missing = [p for p in paths if not (CONFIGS.parent / p).exists()]
+    assert not missing, missing
