@@ -11,8 +11,10 @@ refused where the code or a config changed under its runs, then its results fold
 * **Provenance.** The study refuses to start from a dirty tree (`check_clean`), refuses runs that
   ran from one (commit `-dirty`), and where its runs span commits, refuses any whose code
   (`CODE`: horst/, pruning/, training/, configs/) differs from this commit's (`git diff`).
-* **Budgets.** The embedded study refuses arms whose optimizers were not tuned alike by
-  scripts/tune.py (equal trials, validation split, tuning seeds disjoint from its seeds).
+* **Budgets.** The embedded study first runs the tunings its budget (configs/study/tuning.yaml)
+  still asks for, `scripts/tune.py` per optimizer with the same trials, and stops for the picks to
+  be committed; it refuses arms whose optimizers were not tuned alike (equal trials, validation
+  split, tuning seeds disjoint from its seeds).
 * **Launch.** The jobs not done go through Hydra's own multirun and the preset's launcher
   (joblib here, two jobs side by side; `hydra/launcher=slurm` on a cluster): one multirun per
   preset when nothing is done, else one per set of jobs that forms a sweep.
@@ -64,6 +66,7 @@ class Job:
     sweep_dir: str
     signature: str
     config: dict  # the composed job config (hydra node aside), for naming what a stale run differs in
+    recipe: str  # the pipeline's recipe (<pipeline>_recipe), which its tuning runs on
 
 
 def _git(*args: str, repo: Path = REPO) -> str:
@@ -99,10 +102,21 @@ def check_provenance(commits: Sequence[str], repo: Path = REPO) -> None:
 
 
 def _preset(name: str, configs: Path = REPO / "configs") -> dict[str, Any]:
+    """A preset's YAML, over the presets its defaults list names (`- embedded_vit`: a sibling in
+    configs/study/), merged as Hydra merges them."""
+    from omegaconf import OmegaConf
+
     path = configs / "study" / f"{name}.yaml"
     if not path.is_file():
         raise StudyError(f"no study preset {path}")
-    return yaml.safe_load(path.read_text())
+    own = yaml.safe_load(path.read_text())
+    bases = [_preset(entry, configs) for entry in own.get("defaults", []) if isinstance(entry, str) and entry != "_self_"]
+    return OmegaConf.to_container(OmegaConf.merge(*bases, own)) if bases else own
+
+
+def pipeline_of(preset: str) -> str:
+    """`embedded_vit` and `embedded_vit_controls` are the ViT pipeline's."""
+    return preset.split("_")[1]
 
 
 def sweep(params: dict[str, Any]) -> list[list[str]]:
@@ -140,7 +154,7 @@ def plan(presets: Sequence[str], extra: Sequence[str] = (), *, configs: Path = R
     register_vit(), register_gpt2()
     jobs = []
     for preset in presets:
-        pipeline = preset.rsplit("_", 1)[-1]
+        pipeline = pipeline_of(preset)
         params = _params(preset, extra, configs)
         rest = [o for o in extra if _key(o) not in {_key(k) for k in params}]
         by_cell: dict[tuple[str, ...], list[int]] = defaultdict(list)
@@ -159,7 +173,7 @@ def plan(presets: Sequence[str], extra: Sequence[str] = (), *, configs: Path = R
                     job = OmegaConf.to_container(config, resolve=True)
                     del job["hydra"]
                     jobs.append(Job(pipeline, preset, overrides, seed, str(folder), str(config.hydra.sweep.dir),
-                                    signature_hash(job), job))  # fmt: skip
+                                    signature_hash(job), job, config.hydra.runtime.choices[f"{pipeline}_recipe"]))  # fmt: skip
         HydraConfig.instance().cfg = None  # set only to resolve the sweep folder: no job of this process runs
         GlobalHydra.instance().clear()
     return jobs
@@ -220,7 +234,7 @@ def command(preset: str, overrides: Sequence[str], extra: Sequence[str] = ()) ->
     """The multirun's command line; an extra override of a key the job overrides gives way to the job's."""
     mine = {_key(o) for o in overrides}
     rest = [o for o in extra if _key(o) not in mine]
-    return ["python", f"{PIPELINES[preset.rsplit('_', 1)[-1]]}.py", "-m", f"+study={preset}", *overrides, *rest]
+    return ["python", f"{PIPELINES[pipeline_of(preset)]}.py", "-m", f"+study={preset}", *overrides, *rest]
 
 
 def launch(commands: Sequence[tuple[str, list[str]]], extra: Sequence[str] = ()) -> int:
@@ -257,7 +271,9 @@ and the figures are written from it by `python scripts/study_report.py results/{
 
 
 def presets_of(study: str, pipelines: Sequence[str] = tuple(PIPELINES)) -> list[str]:
-    presets = [f"{study}_{p}" for p in pipelines if (REPO / "configs" / "study" / f"{study}_{p}.yaml").is_file()]
+    folder = REPO / "configs" / "study"  # <study>_<pipeline>.yaml, then its parts <study>_<pipeline>_<part>.yaml
+    presets = [f.stem for p in pipelines for f in [folder / f"{study}_{p}.yaml", *sorted(folder.glob(f"{study}_{p}_*.yaml"))]
+               if f.is_file()]  # fmt: skip
     if not presets:
         raise StudyError(f"no preset configs/study/{study}_<pipeline>.yaml for {', '.join(pipelines)}")
     return presets
@@ -275,6 +291,41 @@ def check_budgets(jobs: Sequence[Job]) -> None:
         check_equal_budgets(group[0].config["tuned"], optimizers, reporting_seeds=sorted({j.seed for j in group}))
 
 
+def tunings(study: str, jobs: Sequence[Job], configs: Path = REPO / "configs") -> list[list[str]]:
+    """The `scripts/tune.py` command lines the study's budget (configs/study/tuning.yaml) still
+    asks for: each optimizer its jobs run at tuned values whose pick was not made with that many
+    trials on validation at a tuning seed (a tuning already made is not redone)."""
+    from training.tuning import EVAL_SPLIT, TUNING_SEEDS_START
+
+    budget = (yaml.safe_load((configs / "study" / "tuning.yaml").read_text()) or {}).get(study)
+    if budget is None:
+        return []
+    lines = []
+    for pipeline, group in itertools.groupby(sorted(jobs, key=lambda j: j.pipeline), key=lambda j: j.pipeline):
+        group = list(group)
+        trials, recipe = budget["trials"][pipeline], group[0].recipe
+        for optimizer in sorted({j.config["optimizer"]["name"] for j in group}):
+            record = (group[0].config["tuned"].get(optimizer) or {}).get("provenance") or {}
+            if (record.get("trials") == trials and record.get("eval_split") == EVAL_SPLIT
+                    and min(record.get("seeds") or [-1]) >= TUNING_SEEDS_START):  # fmt: skip
+                continue
+            lines.append(["python", "scripts/tune.py", pipeline, optimizer, "--trials", str(trials),
+                          f"{pipeline}_recipe={recipe}", *budget["overrides"]])  # fmt: skip
+    return lines
+
+
+def tune(lines: Sequence[list[str]]) -> None:
+    """Run the tunings one after another, then stop: the study's runs start from a commit that
+    holds the picks."""
+    env = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    for line in lines:
+        print(f"$ {shlex.join(line)}", flush=True)
+        if subprocess.call([sys.executable, *line[1:]], cwd=REPO, env=env):
+            raise StudyError(f"the tuning `{shlex.join(line)}` failed (see above); fix it and run the study again")
+    raise StudyError(f"{len(lines)} arm(s) tuned: commit the picks (git add configs/tuned results/tuning && git commit), "
+                     "then run the study again; its runs must come from a commit that holds them")  # fmt: skip
+
+
 def run_study(study: str, *, extra: Sequence[str] = (), report_only: bool = False, out: Path | None = None,
               pipelines: Sequence[str] = tuple(PIPELINES)) -> int:  # fmt: skip
     """Plan, check, launch what is missing, report. 0 when every planned run finished."""
@@ -282,6 +333,9 @@ def run_study(study: str, *, extra: Sequence[str] = (), report_only: bool = Fals
     out = out or REPO / "results" / study
     jobs = plan(presets, extra)
     if study == "embedded" and not report_only:  # a fair comparison; the demo shows the pipelines run
+        missing = tunings(study, jobs)
+        if missing:
+            tune(missing)
         check_budgets(jobs)
     record = out / "runs.csv"
     frame, folders = runs_of(jobs, record)

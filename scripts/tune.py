@@ -9,7 +9,8 @@ The search space is configs/hparams_search/<pipeline>_<optimizer>.yaml; any othe
 Hydra override of the runs (recipe, launcher, seed from 100 up). The pick and its provenance go
 to configs/tuned/<pipeline>/<recipe>/<optimizer>.yaml, every trial to
 results/tuning/<pipeline>/<recipe>/tuning.csv (docs/design.md §8). Give every arm of a
-comparison the same --trials. Refuses to start from a git tree with uncommitted changes.
+comparison the same --trials. Refuses to start from a git tree with uncommitted changes (other
+arms' picks of the pipeline and results/tuning/ aside: a study tunes its arms one after another).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of every trial, e.g. hydra/launcher=slurm")
     args = parser.parse_args(argv)
     try:
-        commit = require_clean_tree()
+        commit = require_clean_tree(tuning=(args.pipeline, args.optimizer))
         values = tune(args.pipeline, args.optimizer, trials=args.trials, overrides=args.overrides, commit=commit,
                       command=shlex.join(["python", "scripts/tune.py", *argv]))  # fmt: skip
     except RunError as error:

@@ -158,20 +158,21 @@ def test_no_defaults_list_builds_a_name_from_other_choices():
 
 @pytest.mark.parametrize("pipeline", PIPELINES)
 def test_a_control_interpolates_the_arm_it_controls(sentinels, pipeline):
-    """AdamW with HORST's total decay (weight decay + beta) follows HORST's tuned file, whatever
-    its values: written with the `sum` resolver, never copied."""
+    """The decay-matched AdamW (configs/arm/adamw_decay.yaml) follows HORST's and AdamW's tuned
+    files, whatever their values: AdamW's own lr, and the decay that shrinks as hard per step as
+    HORST, (wd_h + beta_h) lr_h / lr_a, derived, never copied. The `sum` resolver, for controls
+    written on the command line, adds."""
     root, planted = sentinels
     lr = PIPELINES[pipeline][2][0]
     for recipe in recipes(pipeline):
-        cfg = _compose(root, pipeline, [
-            f"{PIPELINES[pipeline][1]}={recipe}", "optimizer=adamw",
-            CONTROL_DECAY,
-            f"train.{lr}=${{tuned.horst.{lr}}}",
-        ])  # fmt: skip
-        horst = f"tuned/{pipeline}/{recipe}/horst.yaml"
-        assert cfg.optimizer.name == "adamw"
-        assert cfg.optimizer.weight_decay == planted[(horst, "weight_decay")] + planted[(horst, "beta")]
-        assert cfg.train[lr] == planted[(horst, lr)]
+        cfg = _compose(root, pipeline, [f"{PIPELINES[pipeline][1]}={recipe}", "+arm=adamw_decay"])
+        horst, adamw = f"tuned/{pipeline}/{recipe}/horst.yaml", f"tuned/{pipeline}/{recipe}/adamw.yaml"
+        assert cfg.optimizer.name == "adamw" and cfg.arm == "adamw_decay"
+        matched = (planted[(horst, "weight_decay")] + planted[(horst, "beta")]) * planted[(horst, lr)] / planted[(adamw, lr)]
+        assert cfg.optimizer.weight_decay == pytest.approx(matched, rel=1e-12)
+        assert cfg.train[lr] == planted[(adamw, lr)]
+        summed = _compose(root, pipeline, [f"{PIPELINES[pipeline][1]}={recipe}", "optimizer=adamw", CONTROL_DECAY])
+        assert summed.optimizer.weight_decay == planted[(horst, "weight_decay")] + planted[(horst, "beta")]
 
 
 def test_the_command_line_and_the_tuned_node_override_as_documented():

@@ -36,14 +36,19 @@ def test_the_demo_is_every_arm_x_sparsity_x_seed_with_its_label(demo_jobs):
 
 
 def test_the_control_decays_as_hard_as_the_horst_it_controls(job_configs, compose):
-    """adamw_decay's weight decay is HORST's decay + beta as tuned for that pipeline, interpolated:
-    retuning HORST's beta moves the control with it (no copied number)."""
-    for pipeline in ("vit", "gpt2"):
-        control, horst = job_configs[(pipeline, "adamw_decay")], job_configs[(pipeline, "horst")]["optimizer"]
-        assert control["optimizer"]["weight_decay"] == pytest.approx(horst["weight_decay"] + horst["beta"])
+    """adamw_decay shrinks a weight per step as much as the HORST it controls, at AdamW's own lr:
+    lr_a wd = lr_h (wd_h + beta_h), from both arms' tuned values; retuning HORST's beta moves the
+    control with it (no copied number)."""
+    for pipeline, lr in (("vit", "base_lr"), ("gpt2", "lr")):
+        control, horst, adamw = (job_configs[(pipeline, arm)] for arm in ("adamw_decay", "horst", "adamw"))
+        shrink = horst["train"][lr] * (horst["optimizer"]["weight_decay"] + horst["optimizer"]["beta"])
+        assert control["train"][lr] * control["optimizer"]["weight_decay"] == pytest.approx(shrink)
+        assert control["train"][lr] == adamw["train"][lr]
         assert control["optimizer"]["name"] == "adamw" and control["arm"] == "adamw_decay"
-    moved = compose("train_vit", ["+arm=adamw_decay", "tuned.horst.beta=0.5"])
-    assert moved["optimizer"]["weight_decay"] == pytest.approx(job_configs[("vit", "horst")]["optimizer"]["weight_decay"] + 0.5)
+    moved = compose("train_vit", ["+arm=adamw_decay", "tuned.horst.beta=0.5", "tuned.horst.base_lr=1e-3"])
+    horst = job_configs[("vit", "horst")]
+    assert moved["optimizer"]["weight_decay"] == pytest.approx(
+        (horst["optimizer"]["weight_decay"] + 0.5) * 1e-3 / moved["train"]["base_lr"])
 
 
 def test_multiruns_are_the_whole_sweep_or_the_missing_cells(demo_jobs):

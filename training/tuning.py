@@ -201,17 +201,30 @@ class Plan:
         return METRICS[self.pipeline]
 
 
-def require_clean_tree(root: Path | None = None) -> str:
+def require_clean_tree(root: Path | None = None, *, tuning: tuple[str, str] | None = None) -> str:
     """The commit of a clean git tree (this repository's unless `root`), or a one-line
-    `TuningError`: a pick must name the code that made it."""
+    `TuningError`: a pick must name the code that made it. With `tuning=(pipeline, optimizer)`
+    the other optimizers' picks of that pipeline (configs/tuned/<pipeline>/<recipe>/<other>.yaml)
+    and the tuning records (results/tuning/) may be uncommitted: a study tunes its arms one after
+    another, and an arm's trials read only its own file."""
     root = ROOT if root is None else root
     commit = git_commit(root)
-    if commit.endswith("-dirty") or commit == "unknown":
-        changed = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True).stdout.split("\n")
-        example = changed[0].strip() if changed and changed[0].strip() else "not a git repository"
-        raise TuningError(f"the git tree at {root} has uncommitted changes ({example}, ...): commit or stash them first; "
-                          "a pick records the commit it was made at")  # fmt: skip
-    return commit
+    if commit == "unknown":
+        raise TuningError(f"{root} is not a git repository: a pick records the commit it was made at")
+    changed = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True).stdout.splitlines()
+    if tuning is not None:
+        pipeline, optimizer = tuning
+        others = f"configs/tuned/{pipeline}/"
+
+        def allowed(path: str) -> bool:
+            inside = path.startswith(others) and path.count("/") == 4 and not path.endswith(f"/{optimizer}.yaml")
+            return inside or path.startswith("results/tuning/")
+
+        changed = [line for line in changed if not allowed(line[3:].strip())]
+    if changed:
+        raise TuningError(f"the git tree at {root} has uncommitted changes ({changed[0].strip()}, ...): commit or stash them "
+                          "first; a pick records the commit it was made at")  # fmt: skip
+    return commit.removesuffix("-dirty")
 
 
 def _compose(pipeline: str, overrides: list[str], config_dir: Path):
