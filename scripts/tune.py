@@ -32,7 +32,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("optimizer", help="an optimizer with a search space: adamw, ham, horst")
     parser.add_argument("--trials", type=int, default=DEFAULT_TRIALS, help=f"the budget (default {DEFAULT_TRIALS})")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of every trial, e.g. hydra/launcher=slurm")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # `--trials 8` before or after the overrides
     try:
         commit = require_clean_tree(tuning=(args.pipeline, args.optimizer))
         values = tune(args.pipeline, args.optimizer, trials=args.trials, overrides=args.overrides, commit=commit,
