@@ -82,7 +82,10 @@ def check_clean(repo: Path = REPO) -> None:
 
 
 def check_provenance(commits: Sequence[str], repo: Path = REPO) -> None:
-    """Refuse runs from a dirty tree, and runs whose commit's code differs from HEAD's in CODE."""
+    """Refuse runs (and picks) from a dirty tree, and those whose commit's code differs from HEAD's
+    in CODE. The picks (configs/tuned/) are left to the signature check: a pick a run reads is in
+    its config (optimizer.*, train.*), so a changed one makes the run stale, while a pick committed
+    after it for another pipeline or optimizer changes nothing it ran."""
     head = _git("rev-parse", "HEAD", repo=repo).strip()
     problems = []
     for commit in sorted(set(commits)):
@@ -90,7 +93,7 @@ def check_provenance(commits: Sequence[str], repo: Path = REPO) -> None:
             problems.append(f"{commit[:12]}-dirty: ran from a tree with uncommitted changes (its code is not recorded)")
             continue
         try:
-            files = _git("diff", "--name-only", commit, head, "--", *CODE, repo=repo).split()
+            files = _git("diff", "--name-only", commit, head, "--", *CODE, ":(exclude)configs/tuned", repo=repo).split()
         except subprocess.CalledProcessError:
             problems.append(f"{commit[:12]}: not a commit of this repository")
             continue
@@ -314,6 +317,15 @@ def tunings(study: str, jobs: Sequence[Job], configs: Path = REPO / "configs") -
     return lines
 
 
+def tuning_commits(jobs: Sequence[Job]) -> list[str]:
+    """The commits the picks the jobs run at were made at (scripts/tune.py's provenance)."""
+    commits = set()
+    for job in jobs:
+        for optimizer in ("adamw", "ham", "horst"):
+            commits.add(((job.config["tuned"].get(optimizer) or {}).get("provenance") or {}).get("commit"))
+    return sorted(c for c in commits if c)
+
+
 def tune(lines: Sequence[list[str]]) -> None:
     """Run the tunings one after another, then stop: the study's runs start from a commit that
     holds the picks."""
@@ -328,39 +340,41 @@ def tune(lines: Sequence[list[str]]) -> None:
 
 def run_study(study: str, *, extra: Sequence[str] = (), report_only: bool = False, out: Path | None = None,
               pipelines: Sequence[str] = tuple(PIPELINES)) -> int:  # fmt: skip
-    """Plan, check, launch what is missing, report. 0 when every planned run finished."""
-    presets = presets_of(study, pipelines)
+    """Plan, check, launch what is missing, report. `pipelines` limits what is tuned and run, not
+    what is reported: the record and the report always cover every preset of the study. 0 when
+    every planned run finished."""
     out = out or REPO / "results" / study
-    jobs = plan(presets, extra)
+    every = plan(presets_of(study), extra)
+    jobs = [j for j in every if j.pipeline in pipelines]
     if study == "embedded" and not report_only:  # a fair comparison; the demo shows the pipelines run
         missing = tunings(study, jobs)
         if missing:
             tune(missing)
         check_budgets(jobs)
     record = out / "runs.csv"
-    frame, folders = runs_of(jobs, record)
-    problems = stale(jobs, frame, folders)
+    frame, folders = runs_of(every, record)
+    problems = stale(every, frame, folders)
     if problems:
         raise StudyError(f"{len(problems)} finished run(s) were made with other settings than this code composes for "
                          "their job; their numbers are not this code's. Delete their folders and rows of "
                          f"{record.relative_to(REPO) if record.is_relative_to(REPO) else record} to rerun them:\n  "
                          + "\n  ".join(problems))  # fmt: skip
-    check_provenance(frame.git_commit.dropna().unique())
+    check_provenance([*frame.git_commit.dropna().unique(), *tuning_commits(every)])
     done = set(frame.run)
     todo = [j for j in jobs if j.run not in done]
     print(f"{len(todo)} of {len(jobs)} runs to do", flush=True)
     status = 0
     if todo and not report_only:
         status = launch(multiruns(todo, extra), extra)
-        frame, folders = runs_of(jobs, record)
+        frame, folders = runs_of(every, record)
     if frame.empty:
         raise NoRunsError("no run of the study has finished")
     out.mkdir(parents=True, exist_ok=True)
     write_record(frame, record)
-    split = {_preset(p).get("eval_split", "validation") for p in presets}.pop()
+    split = {_preset(j.preset).get("eval_split", "validation") for j in every}.pop()
     write_report(frame, out, split=split, folders=folders, source=f"results/{study}/runs.csv",
-                 intro=readme(study, frame, jobs, extra, split))  # fmt: skip
-    missing = len(jobs) - frame.run.nunique()
+                 intro=readme(study, frame, every, extra, split))  # fmt: skip
+    missing = len(jobs) - frame.run.isin({j.run for j in jobs}).sum()
     return status or int(missing > 0)
 
 
