@@ -28,6 +28,7 @@ from training.gpt2.run import run as gpt2_run
 
 if slurm_cluster_node() is None:
     pytest.skip(SLURM_CLUSTER_HINT, allow_module_level=True)
+pytestmark = pytest.mark.slurm  # they wait on the scheduler for minutes: .ci/run runs them after `make test`
 
 TINY_GPT2 = [
     "model=gpt2_nano", "device=cpu", "train.warmup_steps=1", "train.batch_size=2", "train.micro_batch_size=2",
