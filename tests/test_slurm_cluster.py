@@ -22,8 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import SLURM_CLUSTER_HINT, slurm_cluster_node
-from test_gpt2_pipeline import QUIET_ENV, ROOT, compose_cfg, final_params, pydoc_dir, read_records  # noqa: F401
+from conftest import QUIET_ENV, ROOT, SLURM_CLUSTER_HINT, compose_cfg, final_params, read_records, slurm_cluster_node
 from training.gpt2.run import run as gpt2_run
 
 if slurm_cluster_node() is None:
