@@ -44,6 +44,10 @@ from analysis.runs import RECORD_COLUMNS, UNRECORDED, NoRunsError, read_record, 
 
 REPO = Path(__file__).resolve().parents[1]
 CODE = ("horst", "pruning", "training", "configs")  # what a run's numbers depend on
+# ... of which a run's signature (its composed config) holds all a run reads: a change there that
+# matters makes the run stale, one that does not (another pipeline's pick, a preset's sweep order)
+# leaves it valid
+SIGNED = ("configs/tuned", "configs/study")
 PIPELINES = {"vit": "train_vit", "gpt2": "train_gpt2"}
 # make check-results: seed 0 of one arm per pipeline, rerun and compared with the record. On the
 # same machine and thread count a rerun is identical (fixed summation order); elsewhere within
@@ -83,9 +87,9 @@ def check_clean(repo: Path = REPO) -> None:
 
 def check_provenance(commits: Sequence[str], repo: Path = REPO) -> None:
     """Refuse runs (and picks) from a dirty tree, and those whose commit's code differs from HEAD's
-    in CODE. The picks (configs/tuned/) are left to the signature check: a pick a run reads is in
-    its config (optimizer.*, train.*), so a changed one makes the run stale, while a pick committed
-    after it for another pipeline or optimizer changes nothing it ran."""
+    in CODE. The picks and presets (SIGNED) are left to the signature check: a pick a run reads is
+    in its config (optimizer.*, train.*), so a changed one makes the run stale, while a pick
+    committed after it for another pipeline or optimizer changes nothing it ran."""
     head = _git("rev-parse", "HEAD", repo=repo).strip()
     problems = []
     for commit in sorted(set(commits)):
@@ -93,7 +97,7 @@ def check_provenance(commits: Sequence[str], repo: Path = REPO) -> None:
             problems.append(f"{commit[:12]}-dirty: ran from a tree with uncommitted changes (its code is not recorded)")
             continue
         try:
-            files = _git("diff", "--name-only", commit, head, "--", *CODE, ":(exclude)configs/tuned", repo=repo).split()
+            files = _git("diff", "--name-only", commit, head, "--", *CODE, *(f":(exclude){p}" for p in SIGNED), repo=repo).split()
         except subprocess.CalledProcessError:
             problems.append(f"{commit[:12]}: not a commit of this repository")
             continue
