@@ -255,6 +255,35 @@ def launch(commands: Sequence[tuple[str, list[str]]], extra: Sequence[str] = ())
     return worst
 
 
+def cost_table(frame: pd.DataFrame, jobs: Sequence[Job]) -> str:
+    """Per pipeline: runs done of planned, the measured wall time a run, the tuning budget, and
+    what the whole (tuning + runs) takes at that rate with the preset's runs side by side."""
+    runs = frame.drop_duplicates("run")
+    rows = []
+    for pipeline, group in itertools.groupby(sorted(jobs, key=lambda j: j.pipeline), key=lambda j: j.pipeline):
+        group = list(group)
+        done = runs[runs.run.isin({j.run for j in group})]
+        tuned = {o: ((group[0].config["tuned"].get(o) or {}).get("provenance") or {}).get("trials")
+                 for o in sorted({j.config["optimizer"]["name"] for j in group})}  # fmt: skip
+        trials = sum(t or 0 for t in tuned.values())
+        side_by_side = _preset(group[0].preset).get("hydra", {}).get("launcher", {}).get("n_jobs", 1)
+        median = done.wall_time_s.median() if not done.empty else math.nan
+        rows.append({"pipeline": pipeline, "runs done": f"{len(done)} of {len(group)}",
+                     "wall s a run (median)": median, "run time so far (h)": done.wall_time_s.sum() / 3600,
+                     "tuning trials": ", ".join(f"{o} {t if t else 'untuned'}" for o, t in tuned.items()),
+                     "runs side by side": side_by_side,
+                     "tuning + runs at that rate (h wall)": (len(group) + trials) * median / side_by_side / 3600})  # fmt: skip
+    from analysis import tables
+
+    table = pd.DataFrame(rows)
+    for column, digits in (("wall s a run (median)", 0), ("run time so far (h)", 1), ("tuning + runs at that rate (h wall)", 1)):
+        table[column] = table[column].map(lambda v: "–" if math.isnan(v) else f"{v:.{digits}f}")
+
+    machine = ", ".join(sorted({f"host {r.host} ({r.cpu}), {r.cpu_threads:.0f} torch thread(s) a run" for r in
+                                runs.dropna(subset=["host"]).itertuples()})) or "not recorded"  # fmt: skip
+    return tables.markdown(table, right=0) + f"\nMachine: {machine}.\n"
+
+
 def readme(study: str, frame: pd.DataFrame, jobs: Sequence[Job], extra: Sequence[str], split: str) -> str:
     commits = ", ".join(f"`{c[:12]}`" for c in sorted(frame.git_commit.dropna().unique()))
     presets = list(dict.fromkeys(j.preset for j in jobs))
@@ -265,7 +294,8 @@ def readme(study: str, frame: pd.DataFrame, jobs: Sequence[Job], extra: Sequence
 Written by `python scripts/embedded_study.py{' --demo' if study == 'demo' else ''}` (make {'demo' if study == 'demo' else 'study'}):
 {len(frame.run.unique())} of {len(jobs)} planned runs, measured on the {split} split, from commit(s) {commits}
 ({hours:.1f} h of run time). The runs are the multiruns of the study's presets
-(configs/study/, arms in configs/arm/):
+(configs/study/, arms in configs/arm/; each preset's header says what it runs and what was cut
+to fit the budget):
 
 {lines}
 
@@ -274,6 +304,12 @@ paired differences, the claims' verdicts (by the rules of analysis/claims.yaml),
 and the figures are written from it by `python scripts/study_report.py results/{study}/runs.csv
 --out results/{study}`. `make check-results` reruns seed 0 of one cell per pipeline.
 
+## Cost, as measured
+
+Tuning (configs/study/tuning.yaml: `scripts/tune.py` per optimizer, the same trials for each,
+every trial one run of the recipe on the validation split, results/tuning/) and the runs:
+
+{cost_table(frame, jobs)}
 """
 
 

@@ -26,6 +26,11 @@ def demo_jobs() -> list[study.Job]:
     return study.plan(["demo_vit", "demo_gpt2"])
 
 
+@pytest.fixture(scope="module")
+def embedded_jobs() -> list[study.Job]:
+    return study.plan(study.presets_of("embedded"))
+
+
 def test_the_demo_is_every_arm_x_sparsity_x_seed_with_its_label(demo_jobs):
     vit = [j for j in demo_jobs if j.pipeline == "vit"]
     assert len(vit) == 18 and len(demo_jobs) == 21
@@ -69,12 +74,12 @@ def test_arms_not_tuned_alike_are_refused(demo_jobs):
         study.check_budgets(demo_jobs)
 
 
-def test_the_embedded_study_is_its_presets_and_tunes_what_its_budget_asks_for():
+def test_the_embedded_study_is_its_presets_and_tunes_what_its_budget_asks_for(embedded_jobs):
     """embedded_vit (tuned arms x 70/80/90 %), its controls' part at 90 % (a preset over it) and
     GPT-2's four arms, seeds 0-9; the budget (configs/study/tuning.yaml) asks scripts/tune.py for
     each optimizer the arms run, with the same trials per pipeline, on the study's recipe, and
     for none whose pick already has that budget."""
-    jobs = study.plan(study.presets_of("embedded"))
+    jobs = embedded_jobs
     by_preset = {p: [j for j in jobs if j.preset == p] for p in ("embedded_vit", "embedded_vit_controls", "embedded_gpt2")}
     assert {p: len(js) for p, js in by_preset.items()} == {"embedded_vit": 90, "embedded_vit_controls": 30, "embedded_gpt2": 40}
     controls = by_preset["embedded_vit_controls"]
@@ -95,6 +100,23 @@ def test_the_embedded_study_is_its_presets_and_tunes_what_its_budget_asks_for():
         for j in jobs]  # fmt: skip
     assert study.tunings("embedded", done) == []
     assert study.tunings("demo", jobs) == []  # the demo has no budget: it is not a comparison
+
+
+def test_the_cost_table_is_measured_from_the_runs(embedded_jobs):
+    """The study's README states what it cost from the record: wall time a run, the tuning budget,
+    the machine and threads the runs recorded, and what the whole takes at that rate."""
+    import pandas as pd
+
+    jobs = embedded_jobs
+    vit = [j for j in jobs if j.pipeline == "vit"]
+    frame = pd.DataFrame([{"run": j.run, "pipeline": "vit", "wall_time_s": 40.0 + i % 3, "host": "node7", "cpu": "x86_64",
+                           "cpu_threads": 1} for i, j in enumerate(vit[:30])])  # fmt: skip
+    text = study.cost_table(frame, jobs)
+    row = next(line for line in text.splitlines() if line.startswith("| vit "))
+    expected_hours = (len(vit) + 0) * 41.0 / 2 / 3600  # untuned here: no trial counted; two runs side by side
+    assert row.split(" | ")[1:4] == [f"30 of {len(vit)}", "41", f"{30 * 41.0 / 3600:.1f}"]
+    assert row.rstrip(" |").endswith(f"{expected_hours:.1f}")
+    assert "| gpt2 | 0 of 40 | – |" in text and "Machine: host node7 (x86_64), 1 torch thread(s) a run." in text
 
 
 def test_a_stale_run_is_named_with_the_keys_that_differ(tmp_path, demo_jobs, write_run):
