@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: demo study check-results test test-all bench gpu-check venv clean
+.PHONY: demo study check-results test test-slurm test-all bench gpu-check venv clean
 
 venv: $(STAMP)
 
@@ -40,6 +40,10 @@ TEST_WORKERS ?= 2
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS)
+
+# The sweeps on the real SLURM test cluster (as root: bash scripts/slurm_cluster.sh install && ... start)
+test-slurm: $(STAMP)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m 'slurm and not slow'
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) -m ''

@@ -13,7 +13,8 @@ recorded; runs from before `arm` existed: the optimizer, `_sm` for HORST's order
 without the seed, the label, the table's column keys and `training.no_effect.NO_EFFECT`:
 runs with one signature are the seeds of one cell), `metric` (`top1` in %, `ppl`), `method`
 (`acdc`; GPT-2: `none` for the dense model, `magnitude`, `wanda`), `pattern`, `sparsity`,
-`value` (NaN where the run diverged), `wall_time_s`.
+`value` (NaN where the run diverged), `wall_time_s`, and where the run recorded them, the machine
+it ran on: `host`, `cpu` and `cpu_threads` (torch's intra-op threads).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ NOT_SIGNATURE = ("seed", "arm", "acdc.sparsity", "prune")
 UNRECORDED = "unrecorded"  # the signature of a record row whose run's config was not recorded
 RECORD_COLUMNS = ["run", "pipeline", "data", "model", "arm", "optimizer", "seed", "eval_split", "git_commit",
                   "signature", "metric", "method", "pattern", "sparsity", "value", "wall_time_s"]  # fmt: skip
+MACHINE_COLUMNS = ["host", "cpu", "cpu_threads"]  # summary.json's environment; empty in records from before it
 
 
 class NoRunsError(RuntimeError):
@@ -232,6 +234,7 @@ def scan(dirs: Sequence[str | Path], *, base: Path | None = None, arms: Path = A
                 "eval_split": summary.get("eval_split", config.get("eval_split", "validation")),
                 "git_commit": summary.get("git_commit"), "signature": signature_hash(config),
                 "wall_time_s": summary.get("wall_time_s"),
+                **{key: (summary.get("environment") or {}).get(key) for key in MACHINE_COLUMNS},
             }  # fmt: skip
         except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError) as error:
             found.left_out.append(f"{run}: {error}")
@@ -256,8 +259,9 @@ def read_runs(dirs: Sequence[str | Path]) -> Found:
 
 def write_record(frame: pd.DataFrame, path: Path) -> None:
     """The study's record: the frame without its config columns, one line per run x number."""
-    frame[RECORD_COLUMNS].sort_values(["pipeline", "arm", "sparsity", "seed", "metric", "method", "pattern"],
-                                      kind="stable").to_csv(path, index=False)  # fmt: skip
+    columns = RECORD_COLUMNS + [c for c in MACHINE_COLUMNS if c in frame]
+    frame[columns].sort_values(["pipeline", "arm", "sparsity", "seed", "metric", "method", "pattern"],
+                               kind="stable").to_csv(path, index=False)  # fmt: skip
 
 
 def read_record(paths: Iterable[str | Path]) -> pd.DataFrame:
@@ -267,4 +271,4 @@ def read_record(paths: Iterable[str | Path]) -> pd.DataFrame:
     missing = [c for c in RECORD_COLUMNS if c not in frame]
     if missing:
         raise NoRunsError(f"{', '.join(map(str, paths))}: not a study record (no column {', '.join(missing)})")
-    return frame.reset_index(drop=True)
+    return frame.reindex(columns=[*frame.columns, *(c for c in MACHINE_COLUMNS if c not in frame)]).reset_index(drop=True)

@@ -44,6 +44,10 @@ from analysis.runs import RECORD_COLUMNS, UNRECORDED, NoRunsError, read_record, 
 
 REPO = Path(__file__).resolve().parents[1]
 CODE = ("horst", "pruning", "training", "configs")  # what a run's numbers depend on
+# ... of which a run's signature (its composed config) holds all a run reads: a change there that
+# matters makes the run stale, one that does not (another pipeline's pick, a preset's sweep order)
+# leaves it valid
+SIGNED = ("configs/tuned", "configs/study")
 PIPELINES = {"vit": "train_vit", "gpt2": "train_gpt2"}
 # make check-results: seed 0 of one arm per pipeline, rerun and compared with the record. On the
 # same machine and thread count a rerun is identical (fixed summation order); elsewhere within
@@ -82,7 +86,10 @@ def check_clean(repo: Path = REPO) -> None:
 
 
 def check_provenance(commits: Sequence[str], repo: Path = REPO) -> None:
-    """Refuse runs from a dirty tree, and runs whose commit's code differs from HEAD's in CODE."""
+    """Refuse runs (and picks) from a dirty tree, and those whose commit's code differs from HEAD's
+    in CODE. The picks and presets (SIGNED) are left to the signature check: a pick a run reads is
+    in its config (optimizer.*, train.*), so a changed one makes the run stale, while a pick
+    committed after it for another pipeline or optimizer changes nothing it ran."""
     head = _git("rev-parse", "HEAD", repo=repo).strip()
     problems = []
     for commit in sorted(set(commits)):
@@ -90,7 +97,7 @@ def check_provenance(commits: Sequence[str], repo: Path = REPO) -> None:
             problems.append(f"{commit[:12]}-dirty: ran from a tree with uncommitted changes (its code is not recorded)")
             continue
         try:
-            files = _git("diff", "--name-only", commit, head, "--", *CODE, repo=repo).split()
+            files = _git("diff", "--name-only", commit, head, "--", *CODE, *(f":(exclude){p}" for p in SIGNED), repo=repo).split()
         except subprocess.CalledProcessError:
             problems.append(f"{commit[:12]}: not a commit of this repository")
             continue
@@ -248,6 +255,35 @@ def launch(commands: Sequence[tuple[str, list[str]]], extra: Sequence[str] = ())
     return worst
 
 
+def cost_table(frame: pd.DataFrame, jobs: Sequence[Job]) -> str:
+    """Per pipeline: runs done of planned, the measured wall time a run, the tuning budget, and
+    what the whole (tuning + runs) takes at that rate with the preset's runs side by side."""
+    runs = frame.drop_duplicates("run")
+    rows = []
+    for pipeline, group in itertools.groupby(sorted(jobs, key=lambda j: j.pipeline), key=lambda j: j.pipeline):
+        group = list(group)
+        done = runs[runs.run.isin({j.run for j in group})]
+        tuned = {o: ((group[0].config["tuned"].get(o) or {}).get("provenance") or {}).get("trials")
+                 for o in sorted({j.config["optimizer"]["name"] for j in group})}  # fmt: skip
+        trials = sum(t or 0 for t in tuned.values())
+        side_by_side = _preset(group[0].preset).get("hydra", {}).get("launcher", {}).get("n_jobs", 1)
+        median = done.wall_time_s.median() if not done.empty else math.nan
+        rows.append({"pipeline": pipeline, "runs done": f"{len(done)} of {len(group)}",
+                     "wall s a run (median)": median, "run time so far (h)": done.wall_time_s.sum() / 3600,
+                     "tuning trials": ", ".join(f"{o} {t if t else 'untuned'}" for o, t in tuned.items()),
+                     "runs side by side": side_by_side,
+                     "tuning + runs at that rate (h wall)": (len(group) + trials) * median / side_by_side / 3600})  # fmt: skip
+    from analysis import tables
+
+    table = pd.DataFrame(rows)
+    for column, digits in (("wall s a run (median)", 0), ("run time so far (h)", 1), ("tuning + runs at that rate (h wall)", 1)):
+        table[column] = table[column].map(lambda v: "–" if math.isnan(v) else f"{v:.{digits}f}")
+
+    machine = ", ".join(sorted({f"host {r.host} ({r.cpu}), {r.cpu_threads:.0f} torch thread(s) a run" for r in
+                                runs.dropna(subset=["host"]).itertuples()})) or "not recorded"  # fmt: skip
+    return tables.markdown(table, right=0) + f"\nMachine: {machine}.\n"
+
+
 def readme(study: str, frame: pd.DataFrame, jobs: Sequence[Job], extra: Sequence[str], split: str) -> str:
     commits = ", ".join(f"`{c[:12]}`" for c in sorted(frame.git_commit.dropna().unique()))
     presets = list(dict.fromkeys(j.preset for j in jobs))
@@ -258,7 +294,8 @@ def readme(study: str, frame: pd.DataFrame, jobs: Sequence[Job], extra: Sequence
 Written by `python scripts/embedded_study.py{' --demo' if study == 'demo' else ''}` (make {'demo' if study == 'demo' else 'study'}):
 {len(frame.run.unique())} of {len(jobs)} planned runs, measured on the {split} split, from commit(s) {commits}
 ({hours:.1f} h of run time). The runs are the multiruns of the study's presets
-(configs/study/, arms in configs/arm/):
+(configs/study/, arms in configs/arm/; each preset's header says what it runs and what was cut
+to fit the budget):
 
 {lines}
 
@@ -267,6 +304,12 @@ paired differences, the claims' verdicts (by the rules of analysis/claims.yaml),
 and the figures are written from it by `python scripts/study_report.py results/{study}/runs.csv
 --out results/{study}`. `make check-results` reruns seed 0 of one cell per pipeline.
 
+## Cost, as measured
+
+Tuning (configs/study/tuning.yaml: `scripts/tune.py` per optimizer, the same trials for each,
+every trial one run of the recipe on the validation split, results/tuning/) and the runs:
+
+{cost_table(frame, jobs)}
 """
 
 
@@ -314,6 +357,15 @@ def tunings(study: str, jobs: Sequence[Job], configs: Path = REPO / "configs") -
     return lines
 
 
+def tuning_commits(jobs: Sequence[Job]) -> list[str]:
+    """The commits the picks the jobs run at were made at (scripts/tune.py's provenance)."""
+    commits = set()
+    for job in jobs:
+        for optimizer in ("adamw", "ham", "horst"):
+            commits.add(((job.config["tuned"].get(optimizer) or {}).get("provenance") or {}).get("commit"))
+    return sorted(c for c in commits if c)
+
+
 def tune(lines: Sequence[list[str]]) -> None:
     """Run the tunings one after another, then stop: the study's runs start from a commit that
     holds the picks."""
@@ -328,39 +380,41 @@ def tune(lines: Sequence[list[str]]) -> None:
 
 def run_study(study: str, *, extra: Sequence[str] = (), report_only: bool = False, out: Path | None = None,
               pipelines: Sequence[str] = tuple(PIPELINES)) -> int:  # fmt: skip
-    """Plan, check, launch what is missing, report. 0 when every planned run finished."""
-    presets = presets_of(study, pipelines)
+    """Plan, check, launch what is missing, report. `pipelines` limits what is tuned and run, not
+    what is reported: the record and the report always cover every preset of the study. 0 when
+    every planned run finished."""
     out = out or REPO / "results" / study
-    jobs = plan(presets, extra)
+    every = plan(presets_of(study), extra)
+    jobs = [j for j in every if j.pipeline in pipelines]
     if study == "embedded" and not report_only:  # a fair comparison; the demo shows the pipelines run
         missing = tunings(study, jobs)
         if missing:
             tune(missing)
         check_budgets(jobs)
     record = out / "runs.csv"
-    frame, folders = runs_of(jobs, record)
-    problems = stale(jobs, frame, folders)
+    frame, folders = runs_of(every, record)
+    problems = stale(every, frame, folders)
     if problems:
         raise StudyError(f"{len(problems)} finished run(s) were made with other settings than this code composes for "
                          "their job; their numbers are not this code's. Delete their folders and rows of "
                          f"{record.relative_to(REPO) if record.is_relative_to(REPO) else record} to rerun them:\n  "
                          + "\n  ".join(problems))  # fmt: skip
-    check_provenance(frame.git_commit.dropna().unique())
+    check_provenance([*frame.git_commit.dropna().unique(), *tuning_commits(every)])
     done = set(frame.run)
     todo = [j for j in jobs if j.run not in done]
     print(f"{len(todo)} of {len(jobs)} runs to do", flush=True)
     status = 0
     if todo and not report_only:
         status = launch(multiruns(todo, extra), extra)
-        frame, folders = runs_of(jobs, record)
+        frame, folders = runs_of(every, record)
     if frame.empty:
         raise NoRunsError("no run of the study has finished")
     out.mkdir(parents=True, exist_ok=True)
     write_record(frame, record)
-    split = {_preset(p).get("eval_split", "validation") for p in presets}.pop()
+    split = {_preset(j.preset).get("eval_split", "validation") for j in every}.pop()
     write_report(frame, out, split=split, folders=folders, source=f"results/{study}/runs.csv",
-                 intro=readme(study, frame, jobs, extra, split))  # fmt: skip
-    missing = len(jobs) - frame.run.nunique()
+                 intro=readme(study, frame, every, extra, split))  # fmt: skip
+    missing = len(jobs) - frame.run.isin({j.run for j in jobs}).sum()
     return status or int(missing > 0)
 
 

@@ -1,17 +1,27 @@
-"""Test-wide environment: offline hubs, offline W&B, and the plain optimizer path.
+"""Test-wide environment: offline hubs, offline W&B, and the plain optimizer path; the
+fixtures and helpers that several test modules share (tests share them here, never by
+importing each other).
 
 horst's fast paths build a C kernel or compile a graph with torch.compile (seconds per
 process); tests use the plain path except those that ask for ``fused=True`` explicitly.
 """
 
+from __future__ import annotations
+
+import functools
+import importlib.util
 import json
 import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import yaml
+
+if TYPE_CHECKING:
+    import torch
 
 # Before torch is imported: OpenMP threads that spin-wait cost a lot on 2 shared cores
 # (CI runs the suite on 2 cores; the pruning tests ran 2.6x faster with this).
@@ -23,9 +33,11 @@ os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("WANDB_ERROR_REPORTING", "false")  # wandb's crash reports would try the network
 os.environ["HORST_FUSED"] = "0"
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs"
 
 
+# ---- composed configs and run folders as the pipelines record them (analysis, study, tuning) ----
 def compose_job(config_name: str, overrides: list[str]) -> dict:
     """The job config a run records in config.yaml (Hydra's compose, resolved; no hydra node)."""
     from hydra import compose, initialize_config_dir
@@ -74,6 +86,170 @@ def write_run():
         return folder
 
     return write
+
+
+# ---- both pipelines end to end: environment, entry points, logs, checkpoints ----------------------
+# Offline, no W&B, plain optimizer path; for the runs in-process (quiet_env, quiet_single_threaded)
+# and in subprocesses (_subprocess_env).
+QUIET_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "disabled", "HORST_FUSED": "0"}
+
+
+def _load_entry_point(name: str):
+    """The entry point `name`.py at the repository root (train_gpt2, train_vit) as a module;
+    its `main` is the Hydra application, run in-process as `python <name>.py` runs it."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@functools.cache
+def register_schemas(pipeline: str) -> None:
+    """The pipeline's schemas in Hydra's ConfigStore, which its config's defaults name: once per
+    process, as its entry point (train_gpt2.py, train_vit.py) registers them on import."""
+    from training.gpt2.config import register_configs as register_gpt2
+    from training.vit.config import register_configs as register_vit
+
+    {"gpt2": register_gpt2, "vit": register_vit}[pipeline]()
+
+
+def _subprocess_env() -> dict[str, str]:
+    return {**os.environ, **QUIET_ENV, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+
+def read_records(run_dir: Path) -> list[dict]:
+    """The JSONL log without the fields that depend on wall-clock time or paths."""
+    volatile = {"time", "perf/tokens_per_s", "perf/images_per_s", "path"}  # GPT-2's and ViT's throughput
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k not in volatile} for line in lines]
+
+
+def final_params(run_dir: Path) -> dict[str, torch.Tensor]:
+    from training.checkpoint import latest_checkpoint, load_checkpoint
+
+    return load_checkpoint(latest_checkpoint(run_dir))["model"]
+
+
+# ---- the GPT-2 pipeline on CPU: the embedded pydoc corpus, a 2-layer model ------------------------
+@pytest.fixture(scope="module")
+def pydoc_dir(tmp_path_factory) -> Path:
+    from training.gpt2.data import prepare_pydoc
+
+    folder = tmp_path_factory.mktemp("pydoc")
+    prepare_pydoc(folder)
+    return folder
+
+
+@pytest.fixture
+def quiet_single_threaded(monkeypatch):
+    """Offline, no W&B, plain optimizer path; one thread like the subprocesses of the GPT-2
+    tests (the ops of these tiny models are too small to gain from more, and the kill-and-resume
+    comparison needs the same kernels in and out of process). The modules that want it for
+    every test say `pytestmark = pytest.mark.usefixtures("quiet_single_threaded")`."""
+    import torch
+
+    for key, value in QUIET_ENV.items():
+        monkeypatch.setenv(key, value)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_overrides(data_dir: Path, *extra: str) -> list[str]:
+    """A 2-layer, 32-wide GPT-2, a few steps with gradient accumulation, few eval windows."""
+    return [
+        "model=gpt2_nano",
+        f"data.dir={data_dir}",
+        "device=cpu",
+        "train.max_steps=12",
+        "train.warmup_steps=2",
+        "train.batch_size=4",
+        "train.micro_batch_size=2",
+        "train.log_interval=2",
+        "train.eval_interval=4",
+        "train.eval_windows=8",
+        "train.checkpoint_interval=4",
+        "eval.max_windows=64",
+        "prune.sparsities=[0.0,0.5,0.9]",
+        *extra,
+    ]
+
+
+def compose_cfg(overrides: list[str]):
+    """train_gpt2's config with `overrides` (Hydra's compose, unresolved), as the entry point gets it."""
+    from hydra import compose, initialize_config_dir
+
+    register_schemas("gpt2")
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        return compose("train_gpt2", overrides=overrides)
+
+
+# ---- the ViT pipeline on CPU: a tiny ImageNet-layout folder, the DeiT recipe under AC/DC -----------
+CLASSES = ("n01440764", "n01443537", "n01484850")
+
+
+@pytest.fixture(scope="module")
+def quiet_env():
+    """Module-wide (the shared reference run too): offline, plain optimizer path, and one
+    thread, so that every run in the module uses the same kernels (and tiny matrices run
+    fastest). The modules that want it say `pytestmark = pytest.mark.usefixtures("quiet_env")`."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in QUIET_ENV.items():
+            patch.setenv(key, value)
+        yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def imagenet_root(tmp_path_factory) -> Path:
+    """ImageNet layout: train/<wnid>/*.png (10 per class: 2 go to the minival, 8 train),
+    val/<wnid>/*.png (4 per class); each class a colour, with noise."""
+    import numpy as np
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("imagenet")
+    rng = np.random.default_rng(0)
+    for label, wnid in enumerate(CLASSES):
+        for split, count in (("train", 10), ("val", 4)):
+            folder = root / split / wnid
+            folder.mkdir(parents=True)
+            for i in range(count):
+                pixels = rng.integers(0, 80, (20, 20, 3))
+                pixels[..., label] += 170
+                Image.fromarray(pixels.astype(np.uint8)).save(folder / f"{wnid}_{i}.png")
+    return root
+
+
+def _compose(overrides: list[str]):
+    """train_vit's config with `overrides` (Hydra's compose, unresolved), as the entry point gets it."""
+    from hydra import compose, initialize_config_dir
+
+    register_schemas("vit")
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        return compose("train_vit", overrides=overrides)
+
+
+# dense 0; compressed 1-2; decompressed 3; compressed 4-5.
+SHORT_ACDC = [
+    "acdc.dense_warmup=1", "acdc.compressed=2", "acdc.decompressed=1",
+    "acdc.final_decompressed=1", "acdc.final_compressed=2", "train.epochs=6",
+]  # fmt: skip
+
+
+def deit_overrides(root: Path, *extra: str) -> list[str]:
+    """The DeiT recipe (RandAugment, random erasing, Mixup/CutMix, drop path, warm-up + cosine)
+    on a 16x16 ViT and the tiny folder: 3 updates of 8 images per epoch."""
+    return [
+        "vit_recipe=deit_imagenet", "model=vit_nano", f"data.root={root}", "data.minival_size=6", "data.num_workers=1",
+        "device=cpu", "train.batch_size=8", "train.base_batch_size=8", "train.warmup_epochs=1",
+        "train.eval_batch_size=8", "train.log_interval=2", "acdc.sparsity=0.8", *SHORT_ACDC, *extra,
+    ]  # fmt: skip
+
 
 # ---- the real SLURM cluster of scripts/slurm_cluster.sh (tests/test_slurm_*.py) ---------------
 SLURM_CLUSTER_HINT = "SLURM test cluster not running; enable with: bash scripts/slurm_cluster.sh install && bash scripts/slurm_cluster.sh start (as root)"

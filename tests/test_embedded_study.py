@@ -26,6 +26,11 @@ def demo_jobs() -> list[study.Job]:
     return study.plan(["demo_vit", "demo_gpt2"])
 
 
+@pytest.fixture(scope="module")
+def embedded_jobs() -> list[study.Job]:
+    return study.plan(study.presets_of("embedded"))
+
+
 def test_the_demo_is_every_arm_x_sparsity_x_seed_with_its_label(demo_jobs):
     vit = [j for j in demo_jobs if j.pipeline == "vit"]
     assert len(vit) == 18 and len(demo_jobs) == 21
@@ -69,6 +74,51 @@ def test_arms_not_tuned_alike_are_refused(demo_jobs):
         study.check_budgets(demo_jobs)
 
 
+def test_the_embedded_study_is_its_presets_and_tunes_what_its_budget_asks_for(embedded_jobs):
+    """embedded_vit (tuned arms x 70/80/90 %), its controls' part at 90 % (a preset over it) and
+    GPT-2's four arms, seeds 0-9; the budget (configs/study/tuning.yaml) asks scripts/tune.py for
+    each optimizer the arms run, with the same trials per pipeline, on the study's recipe, and
+    for none whose pick already has that budget."""
+    jobs = embedded_jobs
+    by_preset = {p: [j for j in jobs if j.preset == p] for p in ("embedded_vit", "embedded_vit_controls", "embedded_gpt2")}
+    assert {p: len(js) for p, js in by_preset.items()} == {"embedded_vit": 90, "embedded_vit_controls": 30, "embedded_gpt2": 40}
+    controls = by_preset["embedded_vit_controls"]
+    assert {j.config["arm"] for j in controls} == {"horst_beta0", "adamw_decay", "horst_sm"}
+    assert {j.config["acdc"]["sparsity"] for j in controls} == {0.9} and {j.seed for j in controls} == set(range(10))
+    assert {(j.config["data"]["name"], j.config["eval_split"], j.recipe) for j in controls} == {("mnist1d", "test", "mnist1d")}
+    lines = study.tunings("embedded", jobs)
+    asked = {(line[2], line[3]): line for line in lines}
+    budget = yaml.safe_load((ROOT / "configs" / "study" / "tuning.yaml").read_text())["embedded"]["trials"]
+    for (pipeline, optimizer), line in asked.items():
+        assert line[1] == "scripts/tune.py" and line[4:6] == ["--trials", str(budget[pipeline])]
+        assert f"{pipeline}_recipe={'mnist1d' if pipeline == 'vit' else 'pydoc'}" in line
+    tuned = {(j.pipeline, o) for j in jobs for o in ("adamw", "ham", "horst")
+             if (j.config["tuned"][o].get("provenance") or {}).get("trials") == budget[j.pipeline]}  # fmt: skip
+    assert set(asked) == {(p, o) for p in ("vit", "gpt2") for o in ("adamw", "ham", "horst")} - tuned
+    done = [study.Job(**{**j.__dict__, "config": {**j.config, "tuned": {o: {"provenance": {
+        "trials": budget[j.pipeline], "eval_split": "validation", "seeds": [100]}} for o in ("adamw", "ham", "horst")}}})
+        for j in jobs]  # fmt: skip
+    assert study.tunings("embedded", done) == []
+    assert study.tunings("demo", jobs) == []  # the demo has no budget: it is not a comparison
+
+
+def test_the_cost_table_is_measured_from_the_runs(embedded_jobs):
+    """The study's README states what it cost from the record: wall time a run, the tuning budget,
+    the machine and threads the runs recorded, and what the whole takes at that rate."""
+    import pandas as pd
+
+    jobs = embedded_jobs
+    vit = [j for j in jobs if j.pipeline == "vit"]
+    frame = pd.DataFrame([{"run": j.run, "pipeline": "vit", "wall_time_s": 40.0 + i % 3, "host": "node7", "cpu": "x86_64",
+                           "cpu_threads": 1} for i, j in enumerate(vit[:30])])  # fmt: skip
+    text = study.cost_table(frame, jobs)
+    row = next(line for line in text.splitlines() if line.startswith("| vit "))
+    expected_hours = (len(vit) + 0) * 41.0 / 2 / 3600  # untuned here: no trial counted; two runs side by side
+    assert row.split(" | ")[1:4] == [f"30 of {len(vit)}", "41", f"{30 * 41.0 / 3600:.1f}"]
+    assert row.rstrip(" |").endswith(f"{expected_hours:.1f}")
+    assert "| gpt2 | 0 of 40 | – |" in text and "Machine: host node7 (x86_64), 1 torch thread(s) a run." in text
+
+
 def test_a_stale_run_is_named_with_the_keys_that_differ(tmp_path, demo_jobs, write_run):
     job = demo_jobs[0]
     old = json.loads(json.dumps(job.config))
@@ -108,6 +158,12 @@ def test_provenance_refuses_dirty_trees_and_runs_of_other_code(tmp_path):
         study.check_provenance([first, second], repo)
     with pytest.raises(study.StudyError, match="-dirty: ran from a tree with uncommitted changes"):
         study.check_provenance([second + "-dirty"], repo)
+    # a pick committed later (configs/tuned/) is the signature check's: runs that read it are stale
+    (repo / "configs" / "tuned").mkdir(parents=True)
+    (repo / "configs" / "tuned" / "gpt2.yaml").write_text("lr: 1.0e-3\n")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "add", "configs")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "d")
+    study.check_provenance([second], repo)
 
 
 def test_add_an_arm_recipe(tmp_path, write_run):

@@ -10,9 +10,8 @@ import pytest
 import torch
 
 import pruning
-from tests.test_gpt2_pipeline import compose_cfg, pydoc_dir, tiny_overrides  # noqa: F401 (pydoc_dir: a fixture)
-from tests.test_vit_pipeline import _compose as compose_vit_cfg
-from tests.test_vit_pipeline import deit_overrides, imagenet_root  # noqa: F401 (imagenet_root: a fixture)
+from conftest import _compose as compose_vit_cfg
+from conftest import compose_cfg, deit_overrides, tiny_overrides
 from training.gpt2.data import gpt2_tokenizer, load_data
 from training.gpt2.evaluate import evaluate_lm
 
@@ -21,7 +20,7 @@ export_run = EXPORT_SCRIPT.export_run
 
 
 @pytest.fixture(scope="module")
-def gpt2_run(pydoc_dir, tmp_path_factory):  # noqa: F811
+def gpt2_run(pydoc_dir, tmp_path_factory):
     """A tiny GPT-2 run evaluating magnitude and Wanda, unstructured and 2:4, exporting Wanda 2:4."""
     from training.gpt2.run import run
 
@@ -98,7 +97,7 @@ def test_script_refuses_the_wrong_format_and_a_missing_sparsity_in_one_line(gpt2
 
 
 @pytest.fixture(scope="module")
-def vit_run(imagenet_root, tmp_path_factory):  # noqa: F811
+def vit_run(imagenet_root, tmp_path_factory):
     from training.vit.run import run
 
     run_dir = tmp_path_factory.mktemp("vit_run")

@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from test_gpt2_pipeline import (  # noqa: F401 - fixtures are used by name
-    ROOT, _subprocess_env, compose_cfg, final_params, pydoc_dir, quiet_single_threaded, read_records,
-    tiny_overrides, train_gpt2,
-)  # fmt: skip
+from conftest import ROOT, _load_entry_point, _subprocess_env, compose_cfg, final_params, read_records, tiny_overrides
 from training.config import ConfigError
 from training.gpt2.config import validate
+
+pytestmark = pytest.mark.usefixtures("quiet_single_threaded")
+
+train_gpt2 = _load_entry_point("train_gpt2")  # the Hydra entry point (`main`)
 
 
 def torchrun(overrides: list[str], run_dir: Path) -> list[str]:

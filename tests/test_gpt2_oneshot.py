@@ -9,7 +9,7 @@ import torch
 from omegaconf import OmegaConf
 
 import pruning
-from tests.test_gpt2_pipeline import compose_cfg, pydoc_dir, tiny_overrides  # noqa: F401 (pydoc_dir: a fixture)
+from conftest import compose_cfg, tiny_overrides
 from training.config import ConfigError
 from training.gpt2.config import validate
 from training.gpt2.data import load_data
@@ -24,7 +24,7 @@ def prune_cfg(**changes):
 
 
 @pytest.fixture(scope="module")
-def nano(pydoc_dir):  # noqa: F811
+def nano(pydoc_dir):
     cfg = compose_cfg(tiny_overrides(pydoc_dir))
     torch.manual_seed(0)
     data = load_data(cfg.data, context=cfg.model.n_positions, is_main=True)
@@ -95,7 +95,7 @@ def test_calibration_windows_are_fixed_by_their_seed(nano):
         ("export.sparsity=1.0", "export.sparsity=1.0"),
     ],
 )
-def test_bad_pruning_settings_are_one_line_config_errors(pydoc_dir, override, message):  # noqa: F811
+def test_bad_pruning_settings_are_one_line_config_errors(pydoc_dir, override, message):
     extra = ["prune.methods=[wanda]"] if "calibration" in override else []
     cfg = compose_cfg(tiny_overrides(pydoc_dir, override, *extra))
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):

@@ -2,99 +2,27 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import os
 import re
 import shlex
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
+from conftest import ROOT, _load_entry_point, _subprocess_env, compose_cfg, final_params, read_records, tiny_overrides
 from training.checkpoint import CheckpointError
 from training.gpt2.data import DatasetNotPreparedError
 from training.gpt2.run import run
 from training.runner import NON_FINITE_EXIT_CODE
 
-ROOT = Path(__file__).resolve().parents[1]
-QUIET_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "disabled", "HORST_FUSED": "0"}
+pytestmark = pytest.mark.usefixtures("quiet_single_threaded")
 
-
-def _load_entry_point():
-    spec = importlib.util.spec_from_file_location("train_gpt2", ROOT / "train_gpt2.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-train_gpt2 = _load_entry_point()  # the Hydra entry point (`main`)
-
-
-@pytest.fixture(scope="module")
-def pydoc_dir(tmp_path_factory) -> Path:
-    from training.gpt2.data import prepare_pydoc
-
-    folder = tmp_path_factory.mktemp("pydoc")
-    prepare_pydoc(folder)
-    return folder
-
-
-@pytest.fixture(autouse=True)
-def quiet_single_threaded(monkeypatch):
-    """Offline, no W&B, plain optimizer path; one thread like the subprocesses below (the
-    ops of these tiny models are too small to gain from more, and the kill-and-resume
-    comparison needs the same kernels in and out of process)."""
-    for key, value in QUIET_ENV.items():
-        monkeypatch.setenv(key, value)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def tiny_overrides(data_dir: Path, *extra: str) -> list[str]:
-    """A 2-layer, 32-wide GPT-2, a few steps with gradient accumulation, few eval windows."""
-    return [
-        "model=gpt2_nano",
-        f"data.dir={data_dir}",
-        "device=cpu",
-        "train.max_steps=12",
-        "train.warmup_steps=2",
-        "train.batch_size=4",
-        "train.micro_batch_size=2",
-        "train.log_interval=2",
-        "train.eval_interval=4",
-        "train.eval_windows=8",
-        "train.checkpoint_interval=4",
-        "eval.max_windows=64",
-        "prune.sparsities=[0.0,0.5,0.9]",
-        *extra,
-    ]
-
-
-def compose_cfg(overrides: list[str]):
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        return compose("train_gpt2", overrides=overrides)
-
-
-def read_records(run_dir: Path) -> list[dict]:
-    """The JSONL log without the fields that depend on wall-clock time or paths."""
-    volatile = {"time", "perf/tokens_per_s", "path"}
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [{k: v for k, v in json.loads(line).items() if k not in volatile} for line in lines]
-
-
-def final_params(run_dir: Path) -> dict[str, torch.Tensor]:
-    from training.checkpoint import latest_checkpoint, load_checkpoint
-
-    return load_checkpoint(latest_checkpoint(run_dir))["model"]
+train_gpt2 = _load_entry_point("train_gpt2")  # the Hydra entry point (`main`)
 
 
 def test_tiny_end_to_end(pydoc_dir, tmp_path):
@@ -124,10 +52,6 @@ def test_tiny_end_to_end(pydoc_dir, tmp_path):
     assert "| 0.90 |" in (run_dir / "perplexity.md").read_text()
     # keep_checkpoints=2 of the checkpoints at 4, 8, 12
     assert sorted(p.name for p in run_dir.glob("ckpt_*.pt")) == ["ckpt_00000008.pt", "ckpt_00000012.pt"]
-
-
-def _subprocess_env() -> dict[str, str]:
-    return {**os.environ, **QUIET_ENV, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
 
 def test_kill_and_resume_matches_uninterrupted_run(pydoc_dir, tmp_path, capsys):

@@ -9,14 +9,14 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 
-from test_gpt2_pipeline import (  # noqa: F401 - fixtures are used by name
-    ROOT, _subprocess_env, compose_cfg, final_params, pydoc_dir, quiet_single_threaded, read_records,
-    tiny_overrides,
-)  # fmt: skip
+from conftest import ROOT, _subprocess_env, compose_cfg, final_params, read_records, tiny_overrides
 from training.gpt2.run import run
 from training.preemption import PREEMPTED_EXIT_CODE
+
+pytestmark = pytest.mark.usefixtures("quiet_single_threaded")
 
 
 def logged_steps(run_dir):

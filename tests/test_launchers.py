@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from test_gpt2_pipeline import QUIET_ENV, ROOT, pydoc_dir  # noqa: F401
+from conftest import QUIET_ENV, ROOT
 
 TINY_GPT2 = [
     "model=gpt2_nano", "device=cpu", "train.max_steps=6", "train.warmup_steps=1", "train.batch_size=2",

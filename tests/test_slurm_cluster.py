@@ -22,12 +22,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import SLURM_CLUSTER_HINT, slurm_cluster_node
-from test_gpt2_pipeline import QUIET_ENV, ROOT, compose_cfg, final_params, pydoc_dir, read_records  # noqa: F401
+from conftest import QUIET_ENV, ROOT, SLURM_CLUSTER_HINT, compose_cfg, final_params, read_records, slurm_cluster_node
 from training.gpt2.run import run as gpt2_run
 
 if slurm_cluster_node() is None:
     pytest.skip(SLURM_CLUSTER_HINT, allow_module_level=True)
+pytestmark = pytest.mark.slurm  # they wait on the scheduler for minutes: .ci/run runs them after `make test`
 
 TINY_GPT2 = [
     "model=gpt2_nano", "device=cpu", "train.warmup_steps=1", "train.batch_size=2", "train.micro_batch_size=2",

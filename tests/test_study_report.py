@@ -129,6 +129,17 @@ def test_every_output_of_one_report_agrees_on_each_claim(tmp_path):
     assert "supports" not in (tmp_path / "paired.md").read_text()  # only the judge's outputs judge
 
 
+def test_a_report_leaves_no_file_of_an_earlier_one(tmp_path):
+    """A pipeline without runs has no tables or figure: the files an earlier report wrote for it go."""
+    gpt2 = record({("adamw", "ppl", 0.9): [80, 82, 79], ("horst", "ppl", 0.9): [60, 59, 62]}, pipeline="gpt2")
+    report.write_report(pd.concat([vit_claim({0.7: 0.5, 0.8: 1.5, 0.9: 2.0}), gpt2]), tmp_path)
+    assert (tmp_path / "gpt2_pruning.csv").exists() and (tmp_path / "perplexity_vs_sparsity.png").exists()
+    (tmp_path / "pilot.md").write_text("not the report's\n")
+    report.write_report(vit_claim({0.7: 0.5, 0.8: 1.5, 0.9: 2.0}), tmp_path)
+    assert not (tmp_path / "gpt2_pruning.csv").exists() and not (tmp_path / "perplexity_vs_sparsity.png").exists()
+    assert (tmp_path / "vit_acdc.csv").exists() and (tmp_path / "pilot.md").exists()
+
+
 @pytest.mark.parametrize("folder", ["results/embedded", "results/demo"])
 def test_committed_outputs_agree_and_regenerate_from_the_record(tmp_path, folder):
     """The committed folders are what the package writes from their committed runs.csv, and agree."""
@@ -136,7 +147,9 @@ def test_committed_outputs_agree_and_regenerate_from_the_record(tmp_path, folder
     frame = runs.read_record([committed / "runs.csv"])
     split = frame.eval_split.unique()[0]
     report.write_report(frame, tmp_path, split=split, source=f"{folder}/runs.csv")
-    for name in ("tables.md", "claims.md", "paired.md", "headline.md", "vit_acdc.csv", "gpt2_pruning.csv", "claims.csv"):
+    texts = [n for n in report.OUTPUTS if not n.endswith(".png") and n != "README.md"]
+    assert {n for n in texts if (tmp_path / n).exists()} == {n for n in texts if (committed / n).exists()}
+    for name in (n for n in texts if (tmp_path / n).exists()):
         assert (tmp_path / name).read_text() == (committed / name).read_text(), name
     assert _verdicts_in(committed)["claims.md"] == _verdicts_in(committed)["headline.md"]
     assert (committed / "headline.md").read_text() in (committed / "README.md").read_text()

@@ -213,6 +213,32 @@ def test_a_dirty_tree_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
         tune.main(["vit", "adamw"])
 
 
+def test_a_tuning_may_start_beside_the_other_arms_uncommitted_picks(tmp_path):
+    """A study tunes its arms one after another: the other optimizers' picks of the pipeline and
+    results/tuning/ may be uncommitted, the arm's own file and everything else may not."""
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    files = ["configs/tuned/vit/mnist1d/adamw.yaml", "configs/tuned/vit/mnist1d/horst.yaml",
+             "configs/tuned/gpt2/pydoc/horst.yaml", "results/tuning/vit/mnist1d/tuning.csv", "horst/step.py"]  # fmt: skip
+    for name in files:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("a\n")
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "a"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    for name in files[:4]:
+        (tmp_path / name).write_text("b\n")
+    with pytest.raises(tuning.TuningError, match="uncommitted changes"):
+        tuning.require_clean_tree(tmp_path, tuning=("vit", "horst"))  # gpt2's pick is not the ViT's
+    subprocess.run([*git, "checkout", "-q", "configs/tuned/gpt2"], check=True)
+    assert tuning.require_clean_tree(tmp_path, tuning=("vit", "ham")) == head
+    with pytest.raises(tuning.TuningError, match=r"uncommitted changes \(M configs/tuned/vit/mnist1d/horst.yaml"):
+        tuning.require_clean_tree(tmp_path, tuning=("vit", "horst"))  # its own file
+    (tmp_path / "horst" / "step.py").write_text("b\n")
+    with pytest.raises(tuning.TuningError, match="horst/step.py"):
+        tuning.require_clean_tree(tmp_path, tuning=("vit", "ham"))
+
+
 @pytest.mark.slow  # two trials as submitit subprocesses (~1-3 min here)
 def test_trials_run_through_submitit_as_on_slurm(tmp_path):
     """`hydra/launcher=local` is submitit's executor, the code path of `hydra/launcher=slurm`:

@@ -3,100 +3,30 @@ recipe under AC/DC, resume in the middle of a compressed phase, the embedded def
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import re
 import sys
-from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from PIL import Image
 
 import pruning
 import training.vit.run as vit_run_module
+from conftest import CLASSES, QUIET_ENV, ROOT, _compose, _load_entry_point, deit_overrides, read_records
 from training import runner
 from training.config import ConfigError
 from training.runner import NON_FINITE_EXIT_CODE
 from training.vit.config import validate
 from training.vit.run import run
 
-ROOT = Path(__file__).resolve().parents[1]
-QUIET_ENV = {"HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "HORST_FUSED": "0"}
-CLASSES = ("n01440764", "n01443537", "n01484850")
+pytestmark = pytest.mark.usefixtures("quiet_env")
 
+train_vit = _load_entry_point("train_vit")
 
-def _load_entry_point():
-    spec = importlib.util.spec_from_file_location("train_vit", ROOT / "train_vit.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-train_vit = _load_entry_point()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def quiet_env():
-    """Module-wide (the shared reference run too): offline, plain optimizer path, and one
-    thread, so that every run here uses the same kernels (and tiny matrices run fastest)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    with pytest.MonkeyPatch.context() as patch:
-        for key, value in QUIET_ENV.items():
-            patch.setenv(key, value)
-        yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def imagenet_root(tmp_path_factory) -> Path:
-    """ImageNet layout: train/<wnid>/*.png (10 per class: 2 go to the minival, 8 train),
-    val/<wnid>/*.png (4 per class); each class a colour, with noise."""
-    root = tmp_path_factory.mktemp("imagenet")
-    rng = np.random.default_rng(0)
-    for label, wnid in enumerate(CLASSES):
-        for split, count in (("train", 10), ("val", 4)):
-            folder = root / split / wnid
-            folder.mkdir(parents=True)
-            for i in range(count):
-                pixels = rng.integers(0, 80, (20, 20, 3))
-                pixels[..., label] += 170
-                Image.fromarray(pixels.astype(np.uint8)).save(folder / f"{wnid}_{i}.png")
-    return root
-
-
-def _compose(overrides: list[str]):
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        return compose("train_vit", overrides=overrides)
-
-
-# dense 0; compressed 1-2; decompressed 3; compressed 4-5.
-SHORT_ACDC = [
-    "acdc.dense_warmup=1", "acdc.compressed=2", "acdc.decompressed=1",
-    "acdc.final_decompressed=1", "acdc.final_compressed=2", "train.epochs=6",
-]  # fmt: skip
+# The phases of deit_overrides' schedule (conftest.SHORT_ACDC), by epoch.
 EXPECTED_PHASES = ["dense", "compressed", "compressed", "decompressed", "compressed", "compressed"]
-
-
-def deit_overrides(root: Path, *extra: str) -> list[str]:
-    """The DeiT recipe (RandAugment, random erasing, Mixup/CutMix, drop path, warm-up + cosine)
-    on a 16x16 ViT and the tiny folder: 3 updates of 8 images per epoch."""
-    return [
-        "vit_recipe=deit_imagenet", "model=vit_nano", f"data.root={root}", "data.minival_size=6", "data.num_workers=1",
-        "device=cpu", "train.batch_size=8", "train.base_batch_size=8", "train.warmup_epochs=1",
-        "train.eval_batch_size=8", "train.log_interval=2", "acdc.sparsity=0.8", *SHORT_ACDC, *extra,
-    ]  # fmt: skip
-
-
-def read_records(run_dir: Path) -> list[dict]:
-    """The JSONL log without the fields that depend on wall-clock time or paths."""
-    volatile = {"time", "perf/images_per_s", "path"}
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [{k: v for k, v in json.loads(line).items() if k not in volatile} for line in lines]
 
 
 @pytest.fixture(scope="module")

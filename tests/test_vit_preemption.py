@@ -15,12 +15,12 @@ import pytest
 import torch
 
 import pruning
-from test_vit_pipeline import (  # noqa: F401 - fixtures are used by name
-    QUIET_ENV, ROOT, _compose, deit_overrides, imagenet_root, quiet_env, read_records,
-)  # fmt: skip
+from conftest import QUIET_ENV, ROOT, _compose, deit_overrides, read_records
 from training.checkpoint import CheckpointError, load_checkpoint
 from training.preemption import PREEMPTED_EXIT_CODE
 from training.vit.run import run
+
+pytestmark = pytest.mark.usefixtures("quiet_env")
 
 STEPS_PER_EPOCH, EPOCHS = 3, 6  # deit_overrides: 24 images, 8 per update, 6 epochs
 ACDC_ACTIONS = [("prune", 1), ("restore", 3), ("prune", 4)]  # (action, epoch) of deit_overrides' schedule

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from test_gpt2_pipeline import compose_cfg, pydoc_dir, quiet_single_threaded, tiny_overrides  # noqa: F401
-from test_vit_pipeline import _compose, deit_overrides, imagenet_root, quiet_env  # noqa: F401
+from conftest import _compose, _load_entry_point, compose_cfg, deit_overrides, tiny_overrides
 from training.gpt2.run import run as gpt2_run
 from training.vit.run import run as vit_run
+
+pytestmark = pytest.mark.usefixtures("quiet_env", "quiet_single_threaded")
 
 NAMESPACES = ("train/", "val/", "prune/", "sparsity/", "perf/", "weights/")
 
@@ -102,15 +103,13 @@ def test_a_failed_cell_of_a_one_process_multirun_ends_as_failed_and_gives_back_t
     import signal
     import sys
 
-    from test_gpt2_pipeline import _load_entry_point
-
     monkeypatch.setenv("WANDB_MODE", "offline")
     before = signal.getsignal(signal.SIGUSR2)
     sweep = tmp_path / "sweep"
     overrides = tiny_overrides(pydoc_dir, "train.lr=1e-3", "train.min_lr=1e-4", "optimizer.alpha=1e5,10")
     monkeypatch.setattr(sys, "argv", ["train_gpt2.py", "-m", *overrides, f"hydra.sweep.dir={sweep}"])
     with pytest.raises(SystemExit) as exit_info:
-        _load_entry_point().main()
+        _load_entry_point("train_gpt2").main()
     assert str(exit_info.value.code).startswith("1 cell(s) of this multirun failed")  # exit status 1
     (failed,), (finished,) = sweep.glob("0_*"), sweep.glob("1_*")
     assert json.loads((failed / "failed.json").read_text())["exit_code"] == 4
