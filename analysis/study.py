@@ -45,9 +45,9 @@ from analysis.runs import RECORD_COLUMNS, UNRECORDED, NoRunsError, read_record, 
 REPO = Path(__file__).resolve().parents[1]
 CODE = ("horst", "pruning", "training", "configs")  # what a run's numbers depend on
 # ... of which a run's signature (its composed config) holds all a run reads: a change there that
-# matters makes the run stale, one that does not (another pipeline's pick, a preset's sweep order)
-# leaves it valid
-SIGNED = ("configs/tuned", "configs/study")
+# matters makes the run stale, one that does not (another pipeline's pick, a preset's sweep order,
+# a new arm) leaves it valid. (Not the recipes: one sets an environment variable, outside the config.)
+SIGNED = ("configs/tuned", "configs/study", "configs/arm")
 PIPELINES = {"vit": "train_vit", "gpt2": "train_gpt2"}
 # make check-results: seed 0 of one arm per pipeline, rerun and compared with the record. On the
 # same machine and thread count a rerun is identical (fixed summation order); elsewhere within
@@ -225,7 +225,8 @@ def multiruns(jobs: Sequence[Job], extra: Sequence[str] = ()) -> list[tuple[str,
     """(preset, overrides) of the multiruns that run exactly `jobs`: a preset's whole sweep where
     all of its jobs are asked for, else one multirun per job cell with its seeds."""
     commands = []
-    for preset, group in itertools.groupby(sorted(jobs, key=lambda j: j.preset), key=lambda j: j.preset):
+    order = list(dict.fromkeys(j.preset for j in jobs))  # the study's order: a pipeline's presets, then the next's
+    for preset, group in itertools.groupby(sorted(jobs, key=lambda j: order.index(j.preset)), key=lambda j: j.preset):
         group = list(group)
         if len(group) == len(sweep(_params(preset, extra, REPO / "configs"))):
             commands.append((preset, []))

@@ -22,7 +22,8 @@ TITLES = {
     "top1": "ViT under AC/DC: top-1 accuracy (%) of the final sparse model",
     "ppl": "GPT-2: perplexity after one-shot pruning (no retraining)",
 }
-ARM_ORDER = ("adamw", "ham", "horst", "horst_prunable", "horst_sm", "horst_beta0", "horst_reset", "adamw_decay")
+ARM_ORDER = ("adamw", "ham", "horst", "horst_prunable", "horst_sm", "horst_beta0", "horst_mirror_off", "horst_reset",
+             "adamw_decay")  # fmt: skip
 
 
 def number(value: float, decimals: int) -> str:

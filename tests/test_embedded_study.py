@@ -57,7 +57,7 @@ def test_the_control_decays_as_hard_as_the_horst_it_controls(job_configs, compos
 
 
 def test_multiruns_are_the_whole_sweep_or_the_missing_cells(demo_jobs):
-    assert study.multiruns(demo_jobs) == [("demo_gpt2", []), ("demo_vit", [])]
+    assert study.multiruns(demo_jobs) == [("demo_vit", []), ("demo_gpt2", [])]  # the study's order
     missing = [j for j in demo_jobs if j.pipeline == "vit" and "+arm=ham" in j.overrides][:2]
     assert study.multiruns(missing) == [("demo_vit", ["+arm=ham", "acdc.sparsity=0.8", "seed=0"]),
                                         ("demo_vit", ["+arm=ham", "acdc.sparsity=0.9", "seed=0"])]  # fmt: skip
@@ -81,9 +81,13 @@ def test_the_embedded_study_is_its_presets_and_tunes_what_its_budget_asks_for(em
     for none whose pick already has that budget."""
     jobs = embedded_jobs
     by_preset = {p: [j for j in jobs if j.preset == p] for p in ("embedded_vit", "embedded_vit_controls", "embedded_gpt2")}
-    assert {p: len(js) for p, js in by_preset.items()} == {"embedded_vit": 90, "embedded_vit_controls": 30, "embedded_gpt2": 40}
+    assert {p: len(js) for p, js in by_preset.items()} == {"embedded_vit": 90, "embedded_vit_controls": 40, "embedded_gpt2": 40}
     controls = by_preset["embedded_vit_controls"]
-    assert {j.config["arm"] for j in controls} == {"horst_beta0", "adamw_decay", "horst_sm"}
+    assert {j.config["arm"] for j in controls} == {"horst_beta0", "adamw_decay", "horst_sm", "horst_mirror_off"}
+    mirror_off = next(j.config for j in controls if j.config["arm"] == "horst_mirror_off")
+    horst = next(j.config for j in by_preset["embedded_vit"] if j.config["arm"] == "horst")
+    assert (mirror_off["optimizer"]["alpha"], mirror_off["optimizer"]["beta"]) == (0.0, 0.0)  # AdamW, bit for bit
+    assert mirror_off["train"] == horst["train"] and mirror_off["optimizer"]["weight_decay"] == horst["optimizer"]["weight_decay"]
     assert {j.config["acdc"]["sparsity"] for j in controls} == {0.9} and {j.seed for j in controls} == set(range(10))
     assert {(j.config["data"]["name"], j.config["eval_split"], j.recipe) for j in controls} == {("mnist1d", "test", "mnist1d")}
     lines = study.tunings("embedded", jobs)
