@@ -73,15 +73,14 @@ def test_typo_in_an_experiment_file_fails_before_any_work(tmp_path):
         validate(_compose(f"hydra.searchpath=[file://{tmp_path}]", "experiment=typo"), world_size=1)
 
 
-@pytest.mark.parametrize(("optimizer", "same_as_paper_recipe"), [("horst", False), ("ham", True)])
-def test_alpha_beta_picks_apply_to_the_embedded_recipe_only(optimizer, same_as_paper_recipe):
-    """configs/tuned/gpt2/pydoc/<optimizer>.yaml (results/tuning/) holds the embedded benchmark's
-    picks (HAM's is its authors' 200 / 1e-3, which the paper's setting keeps too); the paper's
-    setting keeps the published (HAM) and library (HORST) values, which a 2M-parameter sweep
-    does not transfer to. Where each value comes from: tests/test_config_precedence.py."""
+@pytest.mark.parametrize("optimizer", ["horst", "ham"])
+def test_alpha_beta_picks_apply_to_the_embedded_recipe_only(optimizer):
+    """configs/tuned/gpt2/pydoc/<optimizer>.yaml holds the embedded benchmark's picks
+    (scripts/tune.py, results/tuning/); the paper's setting keeps the published (HAM) and library
+    (HORST) values, which a 2M-parameter tuning does not transfer to. Where each value comes
+    from: tests/test_config_precedence.py."""
     picked = OmegaConf.load(Path(CONFIGS) / "tuned" / "gpt2" / "pydoc" / f"{optimizer}.yaml")
     paper_values = OmegaConf.load(Path(CONFIGS) / "tuned" / "gpt2" / "slimpajama" / f"{optimizer}.yaml")
-    assert ((picked.alpha, picked.beta) == (paper_values.alpha, paper_values.beta)) == same_as_paper_recipe
     cfg = _compose(f"optimizer={optimizer}")
     assert (cfg.optimizer.alpha, cfg.optimizer.beta) == (picked.alpha, picked.beta)
     paper = _compose(f"optimizer={optimizer}", "experiment=gpt2_small_slimpajama")
