@@ -245,9 +245,14 @@ def command(preset: str, overrides: Sequence[str], extra: Sequence[str] = ()) ->
     return ["python", f"{PIPELINES[pipeline_of(preset)]}.py", "-m", f"+study={preset}", *overrides, *rest]
 
 
+def _subprocess_env() -> dict[str, str]:
+    """The environment of the study's subprocesses (tunings, multiruns): offline, passive OpenMP."""
+    return {"OMP_WAIT_POLICY": "PASSIVE", **os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
 def launch(commands: Sequence[tuple[str, list[str]]], extra: Sequence[str] = ()) -> int:
     """Run the multiruns one after another (each one's launcher runs its jobs side by side)."""
-    env = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    env = _subprocess_env()
     worst = 0
     for preset, overrides in commands:
         line = command(preset, overrides, extra)
@@ -370,7 +375,7 @@ def tuning_commits(jobs: Sequence[Job]) -> list[str]:
 def tune(lines: Sequence[list[str]]) -> None:
     """Run the tunings one after another, then stop: the study's runs start from a commit that
     holds the picks."""
-    env = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    env = _subprocess_env()
     for line in lines:
         print(f"$ {shlex.join(line)}", flush=True)
         if subprocess.call([sys.executable, *line[1:]], cwd=REPO, env=env):
