@@ -10,7 +10,8 @@ refused where the code or a config changed under its runs, then its results fold
   naming it (and, from a folder, the keys): a recipe, an arm or a default changed since it ran.
 * **Provenance.** The study refuses to start from a dirty tree (`check_clean`), refuses runs that
   ran from one (commit `-dirty`), and where its runs span commits, refuses any whose code
-  (`CODE`: horst/, pruning/, training/, configs/) differs from this commit's (`git diff`).
+  (`CODE`: horst/, pruning/, training/, configs/) differs from this commit's (`git diff`), except
+  by a change reviewed in `analysis/reviewed_changes.yaml` (one file's exact before and after).
 * **Budgets.** The embedded study first runs the tunings its budget (configs/study/tuning.yaml)
   still asks for, `scripts/tune.py` per optimizer with the same trials, and stops for the picks to
   be committed; it refuses arms whose optimizers were not tuned alike (equal trials, validation
@@ -48,6 +49,7 @@ CODE = ("horst", "pruning", "training", "configs")  # what a run's numbers depen
 # matters makes the run stale, one that does not (another pipeline's pick, a preset's sweep order,
 # a new arm) leaves it valid. (Not the recipes: one sets an environment variable, outside the config.)
 SIGNED = ("configs/tuned", "configs/study", "configs/arm")
+REVIEWED = Path(__file__).with_name("reviewed_changes.yaml")
 PIPELINES = {"vit": "train_vit", "gpt2": "train_gpt2"}
 # make check-results: seed 0 of one arm per pipeline, rerun and compared with the record. On the
 # same machine and thread count a rerun is identical (fixed summation order); elsewhere within
@@ -85,11 +87,13 @@ def check_clean(repo: Path = REPO) -> None:
                          "commit or stash them, so every run records a commit that holds its code")  # fmt: skip
 
 
-def check_provenance(commits: Sequence[str], repo: Path = REPO) -> None:
+def check_provenance(commits: Sequence[str], repo: Path = REPO, reviewed: Path = REVIEWED) -> None:
     """Refuse runs (and picks) from a dirty tree, and those whose commit's code differs from HEAD's
     in CODE. The picks and presets (SIGNED) are left to the signature check: a pick a run reads is
     in its config (optimizer.*, train.*), so a changed one makes the run stale, while a pick
-    committed after it for another pipeline or optimizer changes nothing it ran."""
+    committed after it for another pipeline or optimizer changes nothing it ran. A change listed in
+    the `reviewed` ledger (a file's exact blobs before and after, and why no committed number
+    depends on it) is forgiven; any other change to that file is not."""
     head = _git("rev-parse", "HEAD", repo=repo).strip()
     problems = []
     for commit in sorted(set(commits)):
@@ -101,11 +105,24 @@ def check_provenance(commits: Sequence[str], repo: Path = REPO) -> None:
         except subprocess.CalledProcessError:
             problems.append(f"{commit[:12]}: not a commit of this repository")
             continue
+        files = [f for f in files if not _reviewed(f, commit, head, repo, reviewed)]
         if files:
             problems.append(f"{commit[:12]}: its code differs from HEAD's in {len(files)} file(s): {', '.join(files[:5])}")
     if problems:
         raise StudyError("the study's runs did not all run this commit's code; rerun them (delete their rows of "
                          "runs.csv and their folders) or check out their commit:\n  " + "\n  ".join(problems))  # fmt: skip
+
+
+def _reviewed(path: str, commit: str, head: str, repo: Path, ledger: Path) -> bool:
+    """Whether the file's change from `commit` to `head` is one of the ledger's exact pairs of blobs."""
+    reviewed = (yaml.safe_load(ledger.read_text()) if ledger.is_file() else None) or []
+    if not any(r["path"] == path for r in reviewed):
+        return False
+    try:
+        before, after = (_git("rev-parse", f"{c}:{path}", repo=repo).strip() for c in (commit, head))
+    except subprocess.CalledProcessError:  # added or deleted: not a reviewable pair
+        return False
+    return any((r["path"], r["before"], r["after"]) == (path, before, after) for r in reviewed)
 
 
 def _preset(name: str, configs: Path = REPO / "configs") -> dict[str, Any]:

@@ -10,7 +10,7 @@ Hydra override of the runs (recipe, launcher, seed from 100 up). The pick and it
 to configs/tuned/<pipeline>/<recipe>/<optimizer>.yaml, every trial to
 results/tuning/<pipeline>/<recipe>/tuning.csv (docs/design.md §8). Give every arm of a
 comparison the same --trials. Refuses to start from a git tree with uncommitted changes (other
-arms' picks of the pipeline and results/tuning/ aside: a study tunes its arms one after another).
+arms' picks of the pipeline and results/ aside: a study tunes its arms one after another).
 """
 
 from __future__ import annotations

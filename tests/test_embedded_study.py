@@ -169,6 +169,28 @@ def test_provenance_refuses_dirty_trees_and_runs_of_other_code(tmp_path):
     _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "add", "configs")
     _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "d")
     study.check_provenance([second], repo)
+    # a reviewed change (exact blobs before and after) is forgiven; the file changed again is not
+    (repo / "horst" / "step.py").write_text("a = 2  # a comment\n")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "e")
+    ledger = tmp_path / "reviewed.yaml"
+    blobs = [_git(repo, "rev-parse", f"{c}:horst/step.py") for c in (second, "HEAD")]
+    ledger.write_text(yaml.safe_dump([{"path": "horst/step.py", "before": blobs[0], "after": blobs[1], "why": "a comment"}]))
+    study.check_provenance([second], repo, ledger)
+    with pytest.raises(study.StudyError, match="differs from HEAD's in 1 file"):
+        study.check_provenance([first], repo, ledger)  # a = 1 -> a = 2 was not reviewed
+    (repo / "horst" / "step.py").write_text("a = 3\n")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "f")
+    with pytest.raises(study.StudyError, match="differs from HEAD's in 1 file"):
+        study.check_provenance([second], repo, ledger)
+
+
+def test_every_reviewed_change_is_a_real_pair_of_this_repository():
+    """The ledger's entries name blobs git has, the `after` one the file as it is now (an entry
+    the file has since moved past forgives nothing and is removed), each with its reason."""
+    for entry in yaml.safe_load(study.REVIEWED.read_text()):
+        assert entry["why"].strip(), entry["path"]
+        assert _git(ROOT, "rev-parse", f"HEAD:{entry['path']}") == entry["after"], entry["path"]
+        assert _git(ROOT, "cat-file", "-t", entry["before"]) == "blob"
 
 
 def test_add_an_arm_recipe(tmp_path, write_run):

@@ -215,10 +215,11 @@ def test_a_dirty_tree_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
 
 def test_a_tuning_may_start_beside_the_other_arms_uncommitted_picks(tmp_path):
     """A study tunes its arms one after another: the other optimizers' picks of the pipeline and
-    results/tuning/ may be uncommitted, the arm's own file and everything else may not."""
+    results/ may be uncommitted, the arm's own file and everything else may not."""
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     files = ["configs/tuned/vit/mnist1d/adamw.yaml", "configs/tuned/vit/mnist1d/horst.yaml",
-             "configs/tuned/gpt2/pydoc/horst.yaml", "results/tuning/vit/mnist1d/tuning.csv", "horst/step.py"]  # fmt: skip
+             "configs/tuned/gpt2/pydoc/horst.yaml", "results/tuning/vit/mnist1d/tuning.csv", "results/embedded/runs.csv",
+             "horst/step.py"]  # fmt: skip
     for name in files:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("a\n")
@@ -226,7 +227,7 @@ def test_a_tuning_may_start_beside_the_other_arms_uncommitted_picks(tmp_path):
     subprocess.run([*git, "add", "."], check=True)
     subprocess.run([*git, "commit", "-qm", "a"], check=True)
     head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    for name in files[:4]:
+    for name in files[:5]:
         (tmp_path / name).write_text("b\n")
     with pytest.raises(tuning.TuningError, match="uncommitted changes"):
         tuning.require_clean_tree(tmp_path, tuning=("vit", "horst"))  # gpt2's pick is not the ViT's
@@ -237,6 +238,31 @@ def test_a_tuning_may_start_beside_the_other_arms_uncommitted_picks(tmp_path):
     (tmp_path / "horst" / "step.py").write_text("b\n")
     with pytest.raises(tuning.TuningError, match="horst/step.py"):
         tuning.require_clean_tree(tmp_path, tuning=("vit", "ham"))
+
+
+def test_a_failed_trial_scores_worst_and_the_others_still_pick(tmp_path, capsys):
+    """A trial that fails (here AdamW refuses a negative decay; in a study, a diverged lr) is a
+    result of the tuning, not its end: the runner lists it and exits non-zero, the tuning scores it
+    worst and picks among the rest."""
+    configs = tmp_path / "configs"
+    shutil.copytree(ROOT / "configs", configs)
+    overrides = (*TINY, "optimizer.weight_decay=choice(0.01, -1.0)")  # Sobol's 2 points take both halves
+    values = tuning.tune("vit", "adamw", trials=2, overrides=overrides, commit="c0ffee", command="pytest",
+                         config_dir=configs, results_dir=tmp_path / "results", sweep_dir=tmp_path / "sweep")  # fmt: skip
+    assert "1 cell(s) of this multirun failed (listed above); the others ran: they score worst" in capsys.readouterr().err
+    rows = pd.read_csv(tmp_path / "results" / "vit" / "digits" / "tuning.csv")
+    failed, finished = rows[rows.status == "failed"], rows[rows.status == "finished"]
+    assert list(failed["optimizer.weight_decay"]) == [-1.0] and failed.score.item() == -math.inf
+    assert values["weight_decay"] == 0.01 and values["provenance"]["pick"]["score"] == finished.score.item() > 0
+
+
+def test_a_tuning_that_cannot_start_still_ends_in_one_line(tmp_path):
+    """Only the runner's failed-cells exit is a result; any other exit (here an unwritable sweep
+    folder) still ends the tuning."""
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit, match=r"hydra.sweep.dir=.* cannot be written"):
+        tuning.tune("vit", "adamw", trials=1, overrides=TINY, commit="c0ffee", command="pytest",
+                    results_dir=tmp_path / "results", sweep_dir=tmp_path / "file" / "sweep")  # fmt: skip
 
 
 @pytest.mark.slow  # two trials as submitit subprocesses (~1-3 min here)

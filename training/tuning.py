@@ -33,7 +33,7 @@ with warnings.catch_warnings():  # optuna 2.10 (hydra-optuna-sweeper's pin) name
 from omegaconf import OmegaConf
 
 from training.config import RunError
-from training.run_log import SUMMARY_FILE, git_commit
+from training.run_log import FAILED_FILE, SUMMARY_FILE, git_commit
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -205,8 +205,8 @@ def require_clean_tree(root: Path | None = None, *, tuning: tuple[str, str] | No
     """The commit of a clean git tree (this repository's unless `root`), or a one-line
     `TuningError`: a pick must name the code that made it. With `tuning=(pipeline, optimizer)`
     the other optimizers' picks of that pipeline (configs/tuned/<pipeline>/<recipe>/<other>.yaml)
-    and the tuning records (results/tuning/) may be uncommitted: a study tunes its arms one after
-    another, and an arm's trials read only its own file."""
+    and results/ (the tuning records, a study's tables) may be uncommitted: a study tunes its arms
+    one after another, and an arm's trials read only its own file and no result."""
     root = ROOT if root is None else root
     commit = git_commit(root)
     if commit == "unknown":
@@ -218,7 +218,7 @@ def require_clean_tree(root: Path | None = None, *, tuning: tuple[str, str] | No
 
         def allowed(path: str) -> bool:
             inside = path.startswith(others) and path.count("/") == 4 and not path.endswith(f"/{optimizer}.yaml")
-            return inside or path.startswith("results/tuning/")
+            return inside or path.startswith("results/")
 
         changed = [line for line in changed if not allowed(line[3:].strip())]
     if changed:
@@ -296,13 +296,20 @@ def launch(plan: Plan, config_dir: Path = CONFIGS) -> Path:
 
     _register(plan.pipeline)
     main = hydra.main(config_path=str(config_dir), config_name=f"train_{plan.pipeline}", version_base="1.3")(TRIALS[plan.pipeline])
+    sweep_dir = Path(next(a.split("=", 1)[1] for a in plan.arguments if a.startswith("hydra.sweep.dir=")))
     argv = sys.argv
     sys.argv = [f"train_{plan.pipeline}.py", "-m", *plan.arguments]
     try:
         main()
+    except SystemExit as exit:
+        # the runner ends a multirun with failed cells by exiting non-zero, after listing them;
+        # in a tuning a failed trial (a diverged lr) is a result: collect() scores it worst
+        if not any(sweep_dir.glob(f"*/{FAILED_FILE}")):
+            raise
+        print(f"{exit.code}: they score worst in this tuning", file=sys.stderr)
     finally:
         sys.argv = argv
-    return Path(next(a.split("=", 1)[1] for a in plan.arguments if a.startswith("hydra.sweep.dir=")))
+    return sweep_dir
 
 
 def collect(plan: Plan, sweep_dir: Path) -> list[dict[str, Any]]:
