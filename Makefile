@@ -39,7 +39,7 @@ check-results: $(STAMP)
 TEST_WORKERS ?= 2
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=15
 
 # The sweeps on the real SLURM test cluster (as root: bash scripts/slurm_cluster.sh install && ... start)
 test-slurm: $(STAMP)

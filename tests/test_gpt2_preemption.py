@@ -57,6 +57,7 @@ def test_sigusr2_checkpoints_exits_and_resumes_without_lost_or_repeated_steps(py
         assert torch.equal(expected[name], actual[name]), name
 
 
+@pytest.mark.slow  # ~40 s: a second full run; the training-phase USR2 test above stays in the default suite
 def test_sigusr2_during_the_pruning_evaluation_exits_for_requeue_and_the_rerun_finishes_it(pydoc_dir, tmp_path):
     """Training is done and checkpointed; the signal lands while copies are pruned and
     evaluated: exit 3 at the next sparsity, and the requeued run redoes only the evaluation."""
