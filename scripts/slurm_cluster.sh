@@ -6,6 +6,7 @@
 #   bash scripts/slurm_cluster.sh start     # munged, mariadbd, slurmdbd, slurmctld, slurmd; waits until idle
 #   bash scripts/slurm_cluster.sh status    # each daemon's pid, then sinfo
 #   bash scripts/slurm_cluster.sh stop      # each daemon by its pid file, in reverse order
+#   bash scripts/slurm_cluster.sh preempt-signal user|term   # what a preempted job gets (below)
 #
 # Partitions (all on the one node):
 #   debug      the default; never preempted
@@ -13,8 +14,10 @@
 #   urgent     PriorityTier 10: its jobs preempt `preemptible` ones that hold what they need
 # The node advertises 8 CPUs and one generic resource `slot` (--gres=slot:1): a test's preemptible
 # job and its preemptor both ask for the slot, so the preemption hits that job alone while the
-# other tests' jobs run on. SLURM sends SIGTERM on preemption (22.05's default; the job's --signal
-# only with SlurmctldParameters=preempt_send_user_signal), on scancel and on scontrol requeue.
+# other tests' jobs run on. SLURM sends SIGTERM on preemption (22.05's default, `preempt-signal
+# term`), on scancel and on scontrol requeue; `preempt-signal user` turns on
+# SlurmctldParameters=preempt_send_user_signal (cluster-wide; PreemptParameters=send_user_signal
+# from 23.02): a preempted job gets its --signal (submitit's USR2) and SIGTERM at the same moment.
 set -euo pipefail
 
 ETC=/etc/slurm
@@ -157,6 +160,15 @@ stop() {
     echo "slurm_cluster: stopped"
 }
 
+preempt_signal() {  # user | term: the setting lives in slurm.conf; scontrol reconfigure applies it
+    need_root
+    case "${1:-}" in user|term) ;; *) die "usage: bash scripts/slurm_cluster.sh preempt-signal user|term" ;; esac
+    sed -i '/^SlurmctldParameters=/d' "$ETC/slurm.conf"
+    [ "$1" = user ] && echo "SlurmctldParameters=preempt_send_user_signal" >> "$ETC/slurm.conf"
+    scontrol reconfigure
+    wait_for 30 slurmctld scontrol ping
+}
+
 status() {
     local down=0
     for daemon in $DAEMONS; do
@@ -168,5 +180,6 @@ status() {
 
 case "${1:-}" in
     install|start|stop|status) "$1" ;;
-    *) die "usage: bash scripts/slurm_cluster.sh install|start|stop|status" ;;
+    preempt-signal) preempt_signal "${2:-}" ;;
+    *) die "usage: bash scripts/slurm_cluster.sh install|start|stop|status|preempt-signal user|term" ;;
 esac

@@ -2,7 +2,8 @@
 slurmd, slurmdbd accounting), submitted as a user types them: `train_gpt2.py -m
 hydra/launcher=slurm_1gpu ...` on a login node, the project's launcher (hydra_plugins/horst_slurm)
 over submitit's SLURM executor. SLURM itself does what it does to jobs: `scancel`, preemption by
-a job on a higher partition (SIGTERM, then SLURM's own requeue), a requeue of a finished job.
+a job on a higher partition (SIGTERM, or SIGUSR2 with it where the cluster sends the user
+signal; then SLURM's own requeue), a requeue of a finished job.
 Skipped, with the command that starts the cluster, where it is not running (tests/conftest.py).
 
 The jobs are CPU jobs (`hydra.launcher.gpus_per_node=0`: one task, no GPU asked for) of the
@@ -11,11 +12,13 @@ smallest GPT-2; the tests mostly wait on SLURM (a requeued job starts again ~12 
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -102,12 +105,29 @@ def test_a_cell_slurm_cancels_is_a_failed_cell_and_the_others_finish(slurm_clust
     assert "#SBATCH --ntasks-per-node=1" in script and "--gpus-per-node" not in script  # a CPU job: one task
 
 
-def test_sigterm_preemption_requeues_and_ends_with_the_weights_of_an_uninterrupted_run(
-    slurm_cluster, pydoc_dir, tmp_path, monkeypatch
+@pytest.fixture(params=["term", "user"])
+def preempt_signal(request, slurm_cluster):
+    """The cluster's preemption signal for one test (`slurm_cluster.sh preempt-signal`): SIGTERM
+    alone (22.05's default), or the job's --signal (submitit's USR2) with it. Cluster-wide, so the
+    tests that set it hold a lock: two of them never overlap; the others do not preempt."""
+    with open(Path(tempfile.gettempdir()) / "horst-slurm-preempt-signal.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        script = ["bash", str(ROOT / "scripts" / "slurm_cluster.sh"), "preempt-signal"]
+        subprocess.run([*script, request.param], check=True, capture_output=True)
+        try:
+            yield request.param
+        finally:
+            subprocess.run([*script, "term"], check=True, capture_output=True)
+
+
+def test_preemption_requeues_and_ends_with_the_weights_of_an_uninterrupted_run(
+    preempt_signal, pydoc_dir, tmp_path, monkeypatch
 ):
-    """A job on `urgent` preempts the cell (both ask for the node's one `slot`): SLURM sends
-    SIGTERM (submitit ignores it), the run checkpoints at the next step and exits, SLURM
-    requeues the job, and the run continues from that checkpoint."""
+    """A job on `urgent` preempts the cell (both ask for the node's one `slot`). SLURM sends
+    SIGTERM (submitit ignores it), or with preempt_send_user_signal USR2 and SIGTERM at once
+    (submitit's `scontrol requeue` would fail: the cell would end failed); either way the run
+    checkpoints at the next step and exits, SLURM requeues the job, and the run continues from
+    that checkpoint."""
     overrides = [*TINY_GPT2, "train.max_steps=60", f"data.dir={pydoc_dir}", "optimizer=horst"]
     reference = tmp_path / "reference"
     with monkeypatch.context() as patch:
@@ -130,8 +150,10 @@ def test_sigterm_preemption_requeues_and_ends_with_the_weights_of_an_uninterrupt
     assert launcher.returncode == 0, stderr[-3000:]
 
     log = "".join(p.read_text() for p in (sweep_dir / ".submitit").rglob("*_log.*"))
-    assert "stopped by SIGTERM: checkpoint written" in log and "resumed from" in log
-    assert job_state(cell["slurm_job_id"])[1] >= 1  # requeued by SLURM, not by submitit
+    (stopped,) = [line.split("stopped by ", 1)[1].split(":")[0] for line in log.splitlines() if "stopped by " in line]
+    assert sorted(stopped.split(" and ")) == {"term": ["SIGTERM"], "user": ["SIGTERM", "SIGUSR2"]}[preempt_signal]
+    assert "resumed from" in log
+    assert job_state(cell["slurm_job_id"])[1] >= 1  # requeued by SLURM (submitit's own requeue would fail)
     assert logged_steps(run_dir) == list(range(1, 61))  # no step lost or repeated
     without_markers = lambda d: [r for r in read_records(d) if r.get("event") != "checkpoint"]  # noqa: E731
     assert without_markers(run_dir) == without_markers(reference)

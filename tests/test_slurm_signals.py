@@ -72,3 +72,30 @@ def test_sigint_and_sigterm_checkpoint_and_the_same_command_continues_then_chang
     assert again.returncode == 0, again.stderr[-2000:]
     assert f"{run_dir} holds this run, finished (summary.json); nothing to do" in again.stdout
     assert files() == before
+
+
+@pytest.mark.parametrize("signals, hands_over", [([signal.SIGUSR2], True), ([signal.SIGUSR2, signal.SIGTERM], False)])
+def test_usr2_hands_over_to_the_requeue_handler_unless_sigterm_came_with_it(signals, hands_over, capsys):
+    """SIGUSR2 alone (the pre-timeout signal) goes to the handler that was there before (under
+    submitit, its requeue); with SIGTERM too (preempt_send_user_signal: SLURM requeues the job
+    itself, and submitit's `scontrol requeue` would fail) the run exits for SLURM's requeue.
+    Real signals to this process; the previous handler is a recorder standing in for submitit's
+    (which needs a SLURM job: tests/test_slurm_cluster.py preempts one both ways)."""
+    from training.preemption import PreemptionGuard
+
+    calls = []
+    previous = {s: signal.signal(s, lambda signum, frame: calls.append(signum)) for s in (signal.SIGUSR2, signal.SIGTERM)}
+    try:
+        guard = PreemptionGuard()
+        for signum in signals:
+            signal.raise_signal(signum)
+        assert guard.requested() and guard.received == signal.SIGUSR2
+        with pytest.raises(SystemExit) as stopped:
+            guard.requeue_or_exit()
+        assert stopped.value.code == PREEMPTED_EXIT_CODE
+        assert calls == ([signal.SIGUSR2] if hands_over else [])
+        stopped_by = " and ".join(signal.Signals(s).name for s in signals)
+        assert f"stopped by {stopped_by}: checkpoint written" in capsys.readouterr().err
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

@@ -9,7 +9,9 @@
 * SIGTERM: what SLURM sends otherwise on preemption, and on ``scancel`` and
   ``scontrol requeue`` (SIGKILL follows after ``KillWait``, 30 s by default). Submitit
   ignores it. A preempted job (``PreemptMode=REQUEUE``) is requeued by SLURM itself; a
-  cancelled one ends.
+  cancelled one ends. With ``preempt_send_user_signal`` a preempted job gets SIGUSR2 and
+  SIGTERM at once: SLURM is already requeuing it, and submitit's ``scontrol requeue`` would
+  fail (the cell would end failed), so after SIGTERM the run exits and leaves it to SLURM.
 * SIGINT: Ctrl-C. A second Ctrl-C stops at once.
 
 ``PreemptionGuard`` takes them over: the handler only records the signal; the training
@@ -44,6 +46,7 @@ class PreemptionGuard:
 
     def __init__(self, signals: Iterable[int] = STOP_SIGNALS) -> None:
         self.received: int | None = None  # the first signal that arrived
+        self._arrived: list[int] = []  # every signal that arrived, in order
         self._previous: dict[int, Any] = {s: signal.getsignal(s) for s in signals}
         for signum in self._previous:
             signal.signal(signum, self._record)
@@ -51,6 +54,8 @@ class PreemptionGuard:
     def _record(self, signum: int, frame: FrameType | None) -> None:
         if self.received is None:
             self.received = signum
+        if signum not in self._arrived:
+            self._arrived.append(signum)
         if signum == signal.SIGINT:  # the second Ctrl-C interrupts whatever is running
             signal.signal(signal.SIGINT, signal.default_int_handler)
             os.write(2, b"\ninterrupted: stopping after this step with a checkpoint (Ctrl-C again to stop now)\n")
@@ -67,16 +72,17 @@ class PreemptionGuard:
         return flag
 
     def requeue_or_exit(self, continue_command: str = "the same command") -> None:
-        """Call after the checkpoint is written: after SIGUSR2, submitit's handler requeues
-        the job; otherwise (no submitit, or SIGTERM/SIGINT) the process exits with
-        ``PREEMPTED_EXIT_CODE``, printing the command that continues the run. Does not
-        return."""
-        received, usr2_handler = self.received, self._previous.get(signal.SIGUSR2)
+        """Call after the checkpoint is written: after SIGUSR2 alone, submitit's handler
+        requeues the job; otherwise (no submitit, SIGINT, or SIGTERM: with SIGUSR2 too, a
+        preemption SLURM requeues itself) the process exits with ``PREEMPTED_EXIT_CODE``,
+        printing the command that continues the run. Does not return."""
+        received, arrived, usr2_handler = self.received, self._arrived, self._previous.get(signal.SIGUSR2)
+        terminated = signal.SIGTERM in arrived
         self.close()
-        if received == signal.SIGUSR2 and callable(usr2_handler):
+        if received == signal.SIGUSR2 and callable(usr2_handler) and not terminated:
             log.warning("preempted: checkpoint written, handing over to the requeue handler")
             usr2_handler(signal.SIGUSR2, None)
-        name = signal.Signals(received).name if received else "another process's signal"
+        name = " and ".join(signal.Signals(s).name for s in arrived) if arrived else "another process's signal"
         print(f"stopped by {name}: checkpoint written; continue with: {continue_command}", file=sys.stderr)
         sys.exit(PREEMPTED_EXIT_CODE)
 
