@@ -75,11 +75,11 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 # Without it a job that names no memory holds the whole node's.
 DefMemPerCPU=500
-# More CPUs than this machine may have (config_overrides: not drained for it): the tests'
+# More CPUs and memory than this machine may have (config_overrides: not drained for it): the tests'
 # jobs are tiny, single-threaded, and mostly wait.
 SlurmdParameters=config_overrides
 GresTypes=slot
-NodeName=$NODE NodeAddr=127.0.0.1 CPUs=8 Boards=1 SocketsPerBoard=1 CoresPerSocket=8 ThreadsPerCore=1 RealMemory=8000 Gres=slot:1 State=UNKNOWN
+NodeName=$NODE NodeAddr=127.0.0.1 CPUs=8 Boards=1 SocketsPerBoard=1 CoresPerSocket=8 ThreadsPerCore=1 RealMemory=16000 Gres=slot:1 State=UNKNOWN
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=OFF
@@ -88,7 +88,10 @@ PartitionName=urgent Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=10
 # Without accounting sacct fails, and submitit waits forever on a cancelled job.
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost
-JobAcctGatherType=jobacct_gather/none
+# Memory by polling (no cgroups): a job over its --mem is killed as OUT_OF_MEMORY, as on a real cluster.
+JobAcctGatherType=jobacct_gather/linux
+JobAcctGatherFrequency=task=1
+JobAcctGatherParams=OverMemoryKill
 JobCompType=jobcomp/none
 ReturnToService=2
 KillWait=30

@@ -37,10 +37,11 @@ TINY_GPT2 = [
     "train.log_interval=1", "train.eval_interval=0", "train.checkpoint_interval=0", "eval.max_windows=8",
     "prune.sparsities=[0.0,0.5]",
 ]  # fmt: skip
-# What the presets ask for, cut to a CPU job that fits the test node (8 CPUs, 8 GB).
+# What the presets ask for, cut to a CPU job that fits the test node (8 CPUs, 16 GB; a cell takes < 1 GB,
+# two DDP tasks more: their memory is polled, and a job over it killed).
 CPU_JOB = [
     "hydra/launcher=slurm_1gpu", "hydra.launcher.gpus_per_node=0", "hydra.launcher.cpus_per_task=1",
-    "hydra.launcher.mem_gb=1", "hydra.launcher.timeout_min=20",
+    "hydra.launcher.mem_gb=2", "hydra.launcher.timeout_min=20",
 ]  # fmt: skip
 ENV = {**os.environ, **QUIET_ENV, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 TIMEOUT = 400
@@ -120,6 +121,25 @@ def preempt_signal(request, slurm_cluster):
             subprocess.run([*script, "term"], check=True, capture_output=True)
 
 
+def test_a_cell_slurm_kills_for_memory_is_a_failed_cell_and_the_others_finish(slurm_cluster, pydoc_dir, tmp_path):
+    """GPT-2 Small's AdamW state (~2 GB) in a 1 GB job: SLURM's memory accounting kills it (the
+    test cluster polls every second; a cgroup cluster would say OUT_OF_MEMORY), and the sweep
+    goes on as after `scancel`."""
+    sweep_dir = tmp_path / "sweep"
+    launcher = sweep(sweep_dir, f"data.dir={pydoc_dir}", "train.max_steps=4", "model=gpt2_nano,gpt2_small",
+                     "hydra.launcher.mem_gb=1")  # fmt: skip
+    _, stderr = launcher.communicate(timeout=TIMEOUT)
+
+    assert launcher.returncode == 1, stderr[-3000:]
+    nano, small = cells(sweep_dir)
+    record = json.loads((Path(small["run_dir"]) / "failed.json").read_text())
+    assert record["slurm_state"] in ("FAILED", "OUT_OF_MEMORY") and record["config"]["model"]["n_embd"] == 768
+    assert f"failed cell {small['run_dir']}: SLURM job {small['slurm_job_id']} ended" in stderr and "Traceback" not in stderr
+    slurm_log = "".join(p.read_text() for p in (sweep_dir / ".submitit").rglob(f"{small['slurm_job_id']}*_log.err"))
+    assert "exceeded memory limit" in slurm_log
+    assert (Path(nano["run_dir"]) / "summary.json").is_file()
+
+
 def test_preemption_requeues_and_ends_with_the_weights_of_an_uninterrupted_run(
     preempt_signal, pydoc_dir, tmp_path, monkeypatch
 ):
@@ -128,7 +148,8 @@ def test_preemption_requeues_and_ends_with_the_weights_of_an_uninterrupted_run(
     (submitit's `scontrol requeue` would fail: the cell would end failed); either way the run
     checkpoints at the next step and exits, SLURM requeues the job, and the run continues from
     that checkpoint."""
-    overrides = [*TINY_GPT2, "train.max_steps=60", f"data.dir={pydoc_dir}", "optimizer=horst"]
+    steps = 300  # enough that the preemption (next scheduler pass) lands before the run ends, even when idle
+    overrides = [*TINY_GPT2, f"train.max_steps={steps}", f"data.dir={pydoc_dir}", "optimizer=horst"]
     reference = tmp_path / "reference"
     with monkeypatch.context() as patch:
         for key, value in QUIET_ENV.items():
@@ -139,7 +160,7 @@ def test_preemption_requeues_and_ends_with_the_weights_of_an_uninterrupted_run(
         torch.set_num_threads(threads)
 
     sweep_dir = tmp_path / "sweep"
-    launcher = sweep(sweep_dir, f"data.dir={pydoc_dir}", "train.max_steps=60", "optimizer=horst",
+    launcher = sweep(sweep_dir, f"data.dir={pydoc_dir}", f"train.max_steps={steps}", "optimizer=horst",
                      "hydra.launcher.partition=preemptible", "hydra.launcher.gres=slot:1")  # fmt: skip
     (cell,) = wait_for(lambda: cells(sweep_dir), "the submission")
     run_dir = Path(cell["run_dir"])
@@ -154,7 +175,7 @@ def test_preemption_requeues_and_ends_with_the_weights_of_an_uninterrupted_run(
     assert sorted(stopped.split(" and ")) == {"term": ["SIGTERM"], "user": ["SIGTERM", "SIGUSR2"]}[preempt_signal]
     assert "resumed from" in log
     assert job_state(cell["slurm_job_id"])[1] >= 1  # requeued by SLURM (submitit's own requeue would fail)
-    assert logged_steps(run_dir) == list(range(1, 61))  # no step lost or repeated
+    assert logged_steps(run_dir) == list(range(1, steps + 1))  # no step lost or repeated
     without_markers = lambda d: [r for r in read_records(d) if r.get("event") != "checkpoint"]  # noqa: E731
     assert without_markers(run_dir) == without_markers(reference)
     expected, actual = final_params(reference), final_params(run_dir)
