@@ -54,7 +54,8 @@ def logged_keys(history: list[dict]) -> set[str]:
 def test_gpt2_run_reads_at_a_glance_in_wandb(pydoc_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     run_dir = tmp_path / "run"
-    gpt2_run(compose_cfg(tiny_overrides(pydoc_dir, "logging.group=table_a")), run_dir=run_dir)
+    overrides = tiny_overrides(pydoc_dir, "logging.group=table_a", "optimizer.alpha=30", "optimizer.beta=1")  # not the pick's
+    gpt2_run(compose_cfg(overrides), run_dir=run_dir)
     logged = read_wandb_run(run_dir)
 
     run = logged["run"]
