@@ -88,10 +88,7 @@ PartitionName=urgent Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=10
 # Without accounting sacct fails, and submitit waits forever on a cancelled job.
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost
-# Memory by polling (no cgroups): a job over its --mem is killed as OUT_OF_MEMORY, as on a real cluster.
-JobAcctGatherType=jobacct_gather/linux
-JobAcctGatherFrequency=task=1
-JobAcctGatherParams=OverMemoryKill
+JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 ReturnToService=2
 KillWait=30
