@@ -45,20 +45,22 @@ class PreemptionGuard:
     """Records the first of `signals` to arrive so the loop can checkpoint before stopping."""
 
     def __init__(self, signals: Iterable[int] = STOP_SIGNALS) -> None:
-        self.received: int | None = None  # the first signal that arrived
         self._arrived: list[int] = []  # every signal that arrived, in order
         self._previous: dict[int, Any] = {s: signal.getsignal(s) for s in signals}
         for signum in self._previous:
             signal.signal(signum, self._record)
 
     def _record(self, signum: int, frame: FrameType | None) -> None:
-        if self.received is None:
-            self.received = signum
         if signum not in self._arrived:
             self._arrived.append(signum)
         if signum == signal.SIGINT:  # the second Ctrl-C interrupts whatever is running
             signal.signal(signal.SIGINT, signal.default_int_handler)
             os.write(2, b"\ninterrupted: stopping after this step with a checkpoint (Ctrl-C again to stop now)\n")
+
+    @property
+    def received(self) -> int | None:
+        """The first signal that arrived, or None."""
+        return self._arrived[0] if self._arrived else None
 
     def requested(self) -> bool:
         """Whether any rank received a stop signal (a collective call under DDP: every rank
