@@ -62,9 +62,9 @@ def column_label(method: str, pattern: str, sparsity: float) -> str:
 def cells(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per cell: mean, std, n, diverged, seeds, runs."""
     grouped = frame.groupby(CELL_KEYS, sort=False, dropna=False)
-    stats = grouped["value"].apply(spread).unstack().reset_index()
-    stats["seeds"] = grouped["seed"].apply(lambda s: ";".join(map(str, sorted(s)))).to_numpy()
-    stats["runs"] = grouped["run"].apply(lambda r: ";".join(r)).to_numpy()
+    # Joined on the cell keys, not placed by position: unstack() sorts the cells, apply() does not.
+    stats = grouped["value"].apply(spread).unstack().join(grouped.agg(
+        seeds=("seed", lambda s: ";".join(map(str, sorted(s)))), runs=("run", ";".join))).reset_index()  # fmt: skip
     stats[["n", "diverged"]] = stats[["n", "diverged"]].astype(int)
     return order(stats)
 

@@ -51,6 +51,25 @@ def test_gpt2_seeds_with_a_copy_of_the_tokens_and_an_export_are_one_cell(tmp_pat
     assert dense["mean"] == pytest.approx(41.0)
 
 
+def test_each_cell_lists_its_own_runs_and_seeds_whatever_order_the_rows_come_in():
+    """Cells first seen out of their sorted order (a control's cell between two of the arm it
+    controls, as in a study's record) still name their own runs and seeds, beside their own mean."""
+    keys = dict(pipeline="vit", data="mnist1d", model="vit_mnist1d", eval_split="test", metric="top1",
+                method="acdc", pattern="unstructured")  # fmt: skip
+    rows = [dict(keys, arm=arm, signature=arm[:4], sparsity=sparsity, seed=seed, run=f"{arm}/s{sparsity}/seed{seed}",
+                 value=value + seed)
+            for arm, sparsity, seeds, value in (("adamw", 0.9, (0, 1, 2), 50.0), ("horst_sm", 0.9, (3, 4), 10.0),
+                                                ("adamw", 0.7, (5, 6), 70.0))
+            for seed in seeds]  # fmt: skip
+    cells = tables.cells(pd.DataFrame(rows))
+    for cell in cells.itertuples():
+        folders = cell.runs.split(";")
+        assert all(f.startswith(f"{cell.arm}/s{cell.sparsity}/") for f in folders), cell
+        seeds = [int(f.rsplit("seed", 1)[1]) for f in folders]
+        assert cell.seeds == ";".join(map(str, sorted(seeds))) and cell.n == len(seeds)
+        assert cell.mean == pytest.approx(min(r["value"] for r in rows if r["run"] in folders) + (len(seeds) - 1) / 2)
+
+
 def test_a_key_that_changes_the_numbers_splits_the_cell(tmp_path, job_configs, write_run):
     horst = job_configs[("vit", "horst")]
     write_run(tmp_path / "a", _with(horst, seed=0), 0.9)
