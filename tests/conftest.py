@@ -131,6 +131,13 @@ def final_params(run_dir: Path) -> dict[str, torch.Tensor]:
 
 
 # ---- the GPT-2 pipeline on CPU: the embedded pydoc corpus, a 2-layer model ------------------------
+def logged_steps(run_dir: Path) -> list[int]:
+    """The steps of a run's training-loss records so far (whole lines only: the run may be writing one)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    lines = path.read_text().split("\n")[:-1] if path.exists() else []
+    return [json.loads(line)["step"] for line in lines if '"train/loss"' in line]
+
+
 @pytest.fixture(scope="module")
 def pydoc_dir(tmp_path_factory) -> Path:
     from training.gpt2.data import prepare_pydoc

@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from analysis import claims, report, runs, study
+from conftest import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY_VIT = ["train.epochs=5", "train.warmup_epochs=1", "train.batch_size=256", "acdc.dense_warmup=1", "acdc.compressed=1",
             "acdc.decompressed=1", "acdc.final_decompressed=1", "acdc.final_compressed=2"]  # fmt: skip
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from conftest import ROOT
 from training.gpt2.data import (
     EOT,
     DatasetNotPreparedError,
@@ -30,8 +31,6 @@ from training.gpt2.data import (
 )
 
 from training.config import RunError
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load_script():

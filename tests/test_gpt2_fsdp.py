@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, _load_entry_point, _subprocess_env, compose_cfg, final_params, read_records, tiny_overrides
+from conftest import ROOT, _load_entry_point, _subprocess_env, compose_cfg, final_params, logged_steps, read_records, tiny_overrides
 from training.config import ConfigError
 from training.gpt2.config import validate
 
@@ -92,12 +92,6 @@ def test_fsdp2_run_equals_ddp_run_of_the_same_config(pydoc_dir, tmp_path, optimi
 def worker_pids(torchrun_pid: int) -> list[int]:
     """The processes torchrun started (its children)."""
     return [int(pid) for pid in Path(f"/proc/{torchrun_pid}/task/{torchrun_pid}/children").read_text().split()]
-
-
-def logged_steps(run_dir: Path) -> list[int]:
-    path = run_dir / "metrics.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return [json.loads(line)["step"] for line in lines if '"train/loss"' in line]
 
 
 @pytest.mark.slow

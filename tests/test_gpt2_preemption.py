@@ -12,18 +12,11 @@ import time
 import pytest
 import torch
 
-from conftest import ROOT, _subprocess_env, compose_cfg, final_params, read_records, tiny_overrides
+from conftest import ROOT, _subprocess_env, compose_cfg, final_params, logged_steps, read_records, tiny_overrides
 from training.gpt2.run import run
 from training.preemption import PREEMPTED_EXIT_CODE
 
 pytestmark = pytest.mark.usefixtures("quiet_single_threaded")
-
-
-def logged_steps(run_dir):
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line)["step"] for line in path.read_text().splitlines() if '"train/loss"' in line]
 
 
 def test_sigusr2_checkpoints_exits_and_resumes_without_lost_or_repeated_steps(pydoc_dir, tmp_path, capsys):

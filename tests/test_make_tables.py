@@ -7,14 +7,12 @@ from __future__ import annotations
 import copy
 import subprocess
 import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from analysis import report, runs, tables
-
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT
 
 
 def _with(config: dict, **changes) -> dict:

@@ -6,13 +6,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from conftest import ROOT
 from training.presets import presets
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def entry_point(script: str, *args: str) -> subprocess.CompletedProcess:

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import QUIET_ENV, ROOT, SLURM_CLUSTER_HINT, compose_cfg, final_params, read_records, slurm_cluster_node
+from conftest import QUIET_ENV, ROOT, SLURM_CLUSTER_HINT, compose_cfg, final_params, logged_steps, read_records, slurm_cluster_node
 from training.gpt2.run import run as gpt2_run
 
 if slurm_cluster_node() is None:
@@ -65,12 +65,6 @@ def wait_for(condition, what: str, timeout: float = TIMEOUT, every: float = 0.2)
 def cells(sweep_dir: Path) -> list[dict]:
     path = sweep_dir / "jobs.json"
     return json.loads(path.read_text())["cells"] if path.exists() else []
-
-
-def logged_steps(run_dir: Path) -> list[int]:
-    path = run_dir / "metrics.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return [json.loads(line)["step"] for line in lines if '"train/loss"' in line]
 
 
 def job_state(job_id: str) -> tuple[str, int]:

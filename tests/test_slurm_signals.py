@@ -8,7 +8,6 @@ training/runner.py's `finished_summary`)."""
 from __future__ import annotations
 
 import hashlib
-import json
 import signal
 import subprocess
 import sys
@@ -17,17 +16,11 @@ import time
 import pytest
 import torch
 
-from conftest import ROOT, _subprocess_env, compose_cfg, final_params, read_records, tiny_overrides
+from conftest import ROOT, _subprocess_env, compose_cfg, final_params, logged_steps, read_records, tiny_overrides
 from training.gpt2.run import run
 from training.preemption import PREEMPTED_EXIT_CODE
 
 pytestmark = pytest.mark.usefixtures("quiet_single_threaded")
-
-
-def logged_steps(run_dir):
-    path = run_dir / "metrics.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return [json.loads(line)["step"] for line in lines if '"train/loss"' in line]
 
 
 def test_sigint_and_sigterm_checkpoint_and_the_same_command_continues_then_changes_nothing(pydoc_dir, tmp_path):

@@ -15,8 +15,8 @@ import pytest
 
 from analysis import claims, report, runs
 from analysis.stats import detectable_effect, holm, paired_interval
+from conftest import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 RULES = claims.load_rules()
 
 

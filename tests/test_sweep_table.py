@@ -7,15 +7,13 @@ import copy
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from analysis import sweep
 from analysis.runs import NoRunsError, read_runs
-
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT
 
 
 def _horst(config: dict, alpha: float, beta: float, seed: int, **train) -> dict:

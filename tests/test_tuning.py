@@ -17,13 +17,13 @@ import pytest
 import yaml
 from hydra import compose, initialize_config_dir
 
+from conftest import ROOT
 import training.vit.data
 from training import tuning
 from training.vit.config import register_configs
 from training.vit.data import DigitsDataset
 
 register_configs()
-ROOT = Path(__file__).resolve().parents[1]
 TINY = ("train.epochs=4", "acdc.dense_warmup=1", "acdc.compressed=1", "acdc.decompressed=1", "acdc.final_decompressed=1",
         "acdc.final_compressed=1", "model.depth=1", "logging.mode=disabled",
         "train.warmup_epochs=int(interval(0, 2))")  # fmt: skip  # (the last: a sweep, replacing the YAML's 0-4)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT
 
 
 def entry_point(script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import pruning
-from conftest import QUIET_ENV, ROOT, _compose, deit_overrides, read_records
+from conftest import QUIET_ENV, ROOT, _compose, deit_overrides, logged_steps, read_records
 from training.checkpoint import CheckpointError, load_checkpoint
 from training.preemption import PREEMPTED_EXIT_CODE
 from training.vit.run import run
@@ -24,15 +24,6 @@ pytestmark = pytest.mark.usefixtures("quiet_env")
 
 STEPS_PER_EPOCH, EPOCHS = 3, 6  # deit_overrides: 24 images, 8 per update, 6 epochs
 ACDC_ACTIONS = [("prune", 1), ("restore", 3), ("prune", 4)]  # (action, epoch) of deit_overrides' schedule
-
-
-def logged_steps(run_dir) -> list[int]:
-    """Steps of the training-loss records so far (whole lines only: the run may be writing one)."""
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    lines = path.read_text().split("\n")[:-1]
-    return [json.loads(line)["step"] for line in lines if '"train/loss"' in line]
 
 
 def signal_mid_epoch(child: subprocess.Popen, run_dir, *, timeout: float) -> None:
