@@ -20,7 +20,7 @@ from analysis.stats import detectable_effect, holm, paired_interval
 RULES = Path(__file__).with_name("claims.yaml")
 SUPPORTS, CONTRADICTS, UNDECIDED, NOT_TESTABLE = "supports", "contradicts", "undecided", "not testable"
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, NOT_TESTED = (
-    "reproduced", "not reproduced", "inconclusive at this scale", "not tested (no runs)")  # fmt: skip
+    "reproduced", "not reproduced", "inconclusive at this scale", "not tested (no endpoint has two seeds)")  # fmt: skip
 
 
 def load_rules(path: Path = RULES) -> dict[str, Any]:
