@@ -90,21 +90,32 @@ def metric_figure(frame: pd.DataFrame, path: Path, *, metric: str, ylabel: str, 
     plt.close(fig)
 
 
-def weight_figure(frame: pd.DataFrame, folders: dict[str, Path], path: Path) -> list[str]:
+def weight_figure(frame: pd.DataFrame, folders: dict[str, Path], path: Path,
+                  saved: dict[str, dict] | None = None) -> tuple[list[str], dict[str, dict]]:  # fmt: skip
     """log10|w| densities of the prunable weights, per arm, one panel per pipeline: the first
-    seed's run (ViT: at the highest sparsity). Needs run folders; returns notes."""
+    seed's run (ViT: at the highest sparsity), its histogram from its run folder, else from
+    `saved` (run -> signature, from, counts, edges: what an earlier figure drew; a study resumed
+    from its record has no folders). Returns notes and the histograms drawn, in `saved`'s form."""
+    saved = saved or {}
     runs = order(frame.drop_duplicates("run")).sort_values(["sparsity", "seed"], ascending=[False, True], kind="stable")
     chosen = runs.groupby(["pipeline", "arm"], sort=False).head(1)
     drawn: dict[str, list[tuple[str, pd.Series, tuple]]] = {}
+    used: dict[str, dict] = {}
     notes = []
     for row in order(chosen).itertuples():
         histogram = weight_histogram(folders[row.run]) if row.run in folders else None
-        if histogram is None:
+        if histogram is not None:
+            used[row.run] = {"signature": row.signature, "from": histogram[2], "counts": list(histogram[0]),
+                             "edges": list(histogram[1])}  # fmt: skip
+        elif saved.get(row.run, {}).get("signature") == row.signature:  # the run the record holds, not an older one
+            used[row.run] = saved[row.run]
+            histogram = (used[row.run]["counts"], used[row.run]["edges"], f"{used[row.run]['from']}, as drawn before")
+        else:
             notes.append(f"{row.run}: no weight histogram (weight_histogram.json or metrics.jsonl); not in the weight figure")
             continue
         drawn.setdefault(row.pipeline, []).append((row.arm, row, histogram))
     if not drawn:
-        return notes + ["weight figure not drawn: no run folder with a weight histogram"]
+        return notes + ["weight figure not drawn: no run folder with a weight histogram"], used
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(drawn), figsize=(6 * len(drawn), 4.4), squeeze=False, layout="constrained")
     for ax, (pipeline, items) in zip(axes[0], drawn.items()):
@@ -124,4 +135,4 @@ def weight_figure(frame: pd.DataFrame, folders: dict[str, Path], path: Path) -> 
     fig.suptitle(textwrap.fill(f"Weight magnitudes of {', '.join(arms)}", 70 * len(drawn)), fontsize=10)
     fig.savefig(path, dpi=130)
     plt.close(fig)
-    return notes
+    return notes, used

@@ -5,6 +5,7 @@ the tables' text, LaTeX and figures, and scripts/make_tables.py on the command l
 from __future__ import annotations
 
 import copy
+import json
 import subprocess
 import sys
 
@@ -171,9 +172,34 @@ def test_the_weight_figure_titles_do_not_collide(tmp_path, job_configs, write_ru
         (folder / "weight_histogram.json").write_text(json.dumps({"counts": counts, "edges": [-5, -4, -3, -2, -1, 0]}))
     found = runs.read_runs([tmp_path])
     assert set(found.frame.metric) >= {"weights_median_log10", "weights_below_1e-3"}  # claim 3's numbers
-    notes = figures.weight_figure(found.frame, found.folders, tmp_path / "w.png")
+    notes, _ = figures.weight_figure(found.frame, found.folders, tmp_path / "w.png")
     assert len([n for n in notes if "weight_histogram.json" in n]) == 4
     assert (tmp_path / "w.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_weight_figure_is_redrawn_from_the_report_without_run_folders(tmp_path, job_configs, write_run):
+    """A study resumed from its record (no run folders on this machine) redraws the committed
+    weight figure from the report's weight_histograms.json, the same bytes; a run the record holds
+    with another config than the saved histogram's is not drawn from it."""
+    for arm in ("adamw", "horst"):
+        folder = write_run(tmp_path / "runs" / arm, job_configs[("gpt2", arm)], 40.0)
+        counts = [1, 5, 20, 5, 1] if arm == "adamw" else [10, 8, 5, 3, 1]
+        (folder / "weight_histogram.json").write_text(json.dumps({"counts": counts, "edges": [-5, -4, -3, -2, -1, 0]}))
+    found = runs.read_runs([tmp_path / "runs"])
+    out = tmp_path / "out"
+    report.write_report(found.frame, out, split="validation", folders=found.folders)
+    figure = (out / "weight_distribution.png").read_bytes()
+    assert set(json.loads((out / "weight_histograms.json").read_text())) == set(found.folders)
+
+    runs.write_record(found.frame, tmp_path / "runs.csv")
+    record = runs.read_record([tmp_path / "runs.csv"])
+    report.write_report(record, out, split="validation")
+    assert (out / "weight_distribution.png").read_bytes() == figure
+
+    record.loc[record.arm == "horst", "signature"] = "0123456789"  # horst rerun with other settings
+    report.write_report(record, out, split="validation")
+    drawn = json.loads((out / "weight_histograms.json").read_text())
+    assert [r for r in drawn] == [r for r in found.folders if "adamw" in r]
 
 
 def test_report_reads_one_split(tmp_path, job_configs, write_run):
