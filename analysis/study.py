@@ -324,8 +324,10 @@ to fit the budget):
 
 `runs.csv` is the record (one line per run and number; the study resumes from it). The tables,
 paired differences, the claims' verdicts (by the rules of analysis/claims.yaml), the power table
-and the figures are written from it by `python scripts/study_report.py results/{study}/runs.csv
---out results/{study}`. `make check-results` reruns seed 0 of one cell per pipeline.
+and the figures are written from it, into this folder with this file, by `python
+scripts/embedded_study.py{' --demo' if study == 'demo' else ''} --report-only` (no runs);
+`python scripts/study_report.py results/{study}/runs.csv --out <folder>` writes the same tables and
+figures into another folder. `make check-results` reruns seed 0 of one cell per pipeline.
 
 ## Cost, as measured
 
