@@ -5,6 +5,7 @@ agreeing on each claim, and the README's headline block being the generated one.
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -142,10 +143,13 @@ def test_a_report_leaves_no_file_of_an_earlier_one(tmp_path):
 
 @pytest.mark.parametrize("folder", ["results/embedded", "results/demo"])
 def test_committed_outputs_agree_and_regenerate_from_the_record(tmp_path, folder):
-    """The committed folders are what the package writes from their committed runs.csv, and agree."""
+    """The committed folders are what the package writes from their committed runs.csv (and the
+    weight figure's histograms, kept in the folder: no run folders here), and agree."""
     committed = ROOT / folder
     frame = runs.read_record([committed / "runs.csv"])
     split = frame.eval_split.unique()[0]
+    if (committed / report.WEIGHT_HISTOGRAMS).is_file():
+        shutil.copy(committed / report.WEIGHT_HISTOGRAMS, tmp_path)
     report.write_report(frame, tmp_path, split=split, source=f"{folder}/runs.csv")
     texts = [n for n in report.OUTPUTS if not n.endswith(".png") and n != "README.md"]
     assert {n for n in texts if (tmp_path / n).exists()} == {n for n in texts if (committed / n).exists()}
