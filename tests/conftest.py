@@ -130,7 +130,6 @@ def final_params(run_dir: Path) -> dict[str, torch.Tensor]:
     return load_checkpoint(latest_checkpoint(run_dir))["model"]
 
 
-# ---- the GPT-2 pipeline on CPU: the embedded pydoc corpus, a 2-layer model ------------------------
 def logged_steps(run_dir: Path) -> list[int]:
     """The steps of a run's training-loss records so far (whole lines only: the run may be writing one)."""
     path = Path(run_dir) / "metrics.jsonl"
@@ -138,6 +137,7 @@ def logged_steps(run_dir: Path) -> list[int]:
     return [json.loads(line)["step"] for line in lines if '"train/loss"' in line]
 
 
+# ---- the GPT-2 pipeline on CPU: the embedded pydoc corpus, a 2-layer model ------------------------
 @pytest.fixture(scope="module")
 def pydoc_dir(tmp_path_factory) -> Path:
     from training.gpt2.data import prepare_pydoc

@@ -162,7 +162,6 @@ def test_the_weight_figure_titles_do_not_collide(tmp_path, job_configs, write_ru
     import matplotlib
 
     matplotlib.use("Agg")
-    import json
 
     from analysis import figures
 
@@ -199,7 +198,7 @@ def test_the_weight_figure_is_redrawn_from_the_report_without_run_folders(tmp_pa
     record.loc[record.arm == "horst", "signature"] = "0123456789"  # horst rerun with other settings
     report.write_report(record, out, split="validation")
     drawn = json.loads((out / "weight_histograms.json").read_text())
-    assert [r for r in drawn] == [r for r in found.folders if "adamw" in r]
+    assert list(drawn) == [r for r in found.folders if "adamw" in r]
 
 
 def test_report_reads_one_split(tmp_path, job_configs, write_run):
