@@ -5,7 +5,8 @@ Written into `out`:
 
 * `tables.md` (numbers only, no verdicts), `vit_acdc.{csv,tex}`, `gpt2_pruning.{csv,tex}`: per
   metric the cells, rows the arms, columns the sparsities (GPT-2 also Wanda and 2:4 where run);
-  the CSVs tidy and unrounded;
+  the CSVs tidy, every number to `tables.SIGNIFICANT_DIGITS` significant digits (as every CSV here:
+  the same on every CPU);
 * `paired.md`, `paired.csv`: the comparisons of `claims.yaml` at every cell both arms ran,
   paired over seeds (estimate, interval, p), not judged;
 * `claims.md`, `claims.csv`: the judge's verdicts (`analysis.claims`), each endpoint with its
@@ -161,6 +162,8 @@ def write_report(frame: pd.DataFrame, out: Path, *, rules: dict[str, Any] | None
     rules = rules or claims.load_rules()
     split = split or rules["split"]
     frame = select_split(frame, split)
+    # As runs.csv keeps them: a report from run folders is the one from the record they are written to.
+    frame = frame.assign(value=tables.significant(frame["value"]))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     saved = json.loads((out / WEIGHT_HISTOGRAMS).read_text()) if (out / WEIGHT_HISTOGRAMS).is_file() else {}
@@ -175,7 +178,7 @@ def write_report(frame: pd.DataFrame, out: Path, *, rules: dict[str, Any] | None
         group = cells[cells.metric == metric]
         if group.empty:
             continue
-        group.to_csv(out / f"{name}.csv", index=False)
+        tables.write_csv(group, out / f"{name}.csv")
         wide = tables.wide(group)
         (out / f"{name}.tex").write_text(tables.latex(wide, caption=f"{tables.TITLES[metric]}, {split} split. Mean ± "
                                                       "sample std over seeds; n: runs per cell.",
@@ -183,11 +186,11 @@ def write_report(frame: pd.DataFrame, out: Path, *, rules: dict[str, Any] | None
                                                       right=len(wide.columns) - tables.label_columns(wide)))  # fmt: skip
     paired = comparisons(frame, rules)
     if not paired.empty:
-        _ratio_csv(paired).to_csv(out / "paired.csv", index=False)
+        tables.write_csv(_ratio_csv(paired), out / "paired.csv")
         (out / "paired.md").write_text(paired_markdown(paired, rules["confidence"]))
     judgement = claims.judge(frame, rules)
     verdicts = claims.verdicts(judgement, rules)
-    verdicts.merge(_ratio_csv(judgement), on="claim").drop(columns=["sign", "text"]).to_csv(out / "claims.csv", index=False)
+    tables.write_csv(verdicts.merge(_ratio_csv(judgement), on="claim").drop(columns=["sign", "text"]), out / "claims.csv")
     claims_md = claims_markdown(judgement, verdicts, rules, split)
     (out / "claims.md").write_text(claims_md)
     headline = headline_markdown(judgement, verdicts, split, source or str(out))

@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from analysis.tables import write_csv
 from training.no_effect import no_effect
 
 SUMMARY, FAILED, CONFIG = "summary.json", "failed.json", "config.yaml"
@@ -40,7 +41,8 @@ NOT_SIGNATURE = ("seed", "arm", "acdc.sparsity", "prune")
 UNRECORDED = "unrecorded"  # the signature of a record row whose run's config was not recorded
 RECORD_COLUMNS = ["run", "pipeline", "data", "model", "arm", "optimizer", "seed", "eval_split", "git_commit",
                   "signature", "metric", "method", "pattern", "sparsity", "value", "wall_time_s"]  # fmt: skip
-MACHINE_COLUMNS = ["host", "cpu", "cpu_threads"]  # summary.json's environment; empty in records from before it
+# summary.json's environment; empty in records from before it (and `cpu` was the architecture only)
+MACHINE_COLUMNS = ["host", "cpu", "cpu_capability", "cpu_threads", "gpu"]
 
 
 class NoRunsError(RuntimeError):
@@ -260,8 +262,8 @@ def read_runs(dirs: Sequence[str | Path]) -> Found:
 def write_record(frame: pd.DataFrame, path: Path) -> None:
     """The study's record: the frame without its config columns, one line per run x number."""
     columns = RECORD_COLUMNS + [c for c in MACHINE_COLUMNS if c in frame]
-    frame[columns].sort_values(["pipeline", "arm", "sparsity", "seed", "metric", "method", "pattern"],
-                               kind="stable").to_csv(path, index=False)  # fmt: skip
+    write_csv(frame[columns].sort_values(["pipeline", "arm", "sparsity", "seed", "metric", "method", "pattern"],
+                                         kind="stable"), path)  # fmt: skip
 
 
 def read_record(paths: Iterable[str | Path]) -> pd.DataFrame:

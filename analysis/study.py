@@ -278,6 +278,13 @@ def launch(commands: Sequence[tuple[str, list[str]]], extra: Sequence[str] = ())
     return worst
 
 
+def machine_text(row: Any) -> str:
+    """`host vm (Intel Xeon ..., AVX512), 1 torch thread(s) a run`: where a run's numbers were computed."""
+    capability = "" if pd.isna(getattr(row, "cpu_capability", None)) else f", {row.cpu_capability}"
+    gpu = "" if pd.isna(getattr(row, "gpu", None)) else f", GPU {row.gpu}"
+    return f"host {row.host} ({row.cpu}{capability}{gpu}), {row.cpu_threads:.0f} torch thread(s) a run"
+
+
 def cost_table(frame: pd.DataFrame, jobs: Sequence[Job]) -> str:
     """Per pipeline: runs done of planned, the measured wall time a run, the tuning budget, and
     what the whole (tuning + runs) takes at that rate with the preset's runs side by side."""
@@ -302,8 +309,7 @@ def cost_table(frame: pd.DataFrame, jobs: Sequence[Job]) -> str:
     for column, digits in (("wall s a run (median)", 0), ("run time so far (h)", 1), ("tuning + runs at that rate (h wall)", 1)):
         table[column] = table[column].map(lambda v: "–" if math.isnan(v) else f"{v:.{digits}f}")
 
-    machine = ", ".join(sorted({f"host {r.host} ({r.cpu}), {r.cpu_threads:.0f} torch thread(s) a run" for r in
-                                runs.dropna(subset=["host"]).itertuples()})) or "not recorded"  # fmt: skip
+    machine = ", ".join(sorted({machine_text(r) for r in runs.dropna(subset=["host"]).itertuples()})) or "not recorded"
     return tables.markdown(table, right=0) + f"\nMachine: {machine}.\n"
 
 
@@ -467,6 +473,9 @@ def check_results(study: str, *, extra: Sequence[str] = (), pipelines: Sequence[
             print(f"{job.run}: the rerun did not finish")
             worst = 1
             continue
+        for name, rows in (("committed", before), ("rerun", after)):
+            row = rows.iloc[0]
+            print(f"{job.run}: {name} on {machine_text(row) if not pd.isna(row.host) else 'a machine not recorded'}")
         keys = ["metric", "method", "pattern", "sparsity"]
         both = before.merge(after, on=keys, suffixes=("_before", "_after"))
         for row in both.itertuples():

@@ -3,18 +3,36 @@
 A cell is every run of one (pipeline, data, model, arm, signature, split) at one (metric,
 method, pattern, sparsity): its seeds. Shown as `mean ± sample std` (one run: its value, no
 "± 0"); `n` counts the runs; a run whose number is not finite counts in `[diverged k]`. The
-CSV files keep the unrounded numbers; markdown and LaTeX round each number once, here.
+CSV files keep SIGNIFICANT_DIGITS significant digits (`write_csv`); markdown and LaTeX round each
+number to its metric's decimals, here.
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from analysis.claims import pct
 from analysis.stats import spread
+
+# What every results file keeps of a number. numpy and scipy take other SIMD paths on other CPUs
+# (AVX2, AVX512, NEON) and move the 16th-17th significant digit of a mean or an interval bound;
+# ten digits are far below any spread a study measures and come out the same on every CPU.
+SIGNIFICANT_DIGITS = 10
+
+
+def significant(values: pd.Series) -> pd.Series:
+    """The numbers as a results file keeps them (SIGNIFICANT_DIGITS significant digits)."""
+    return values.map(lambda v: float(f"{v:.{SIGNIFICANT_DIGITS}g}"))
+
+
+def write_csv(frame: pd.DataFrame, path: Path) -> None:
+    """Every CSV of the results layer: the same rule for every number (SIGNIFICANT_DIGITS)."""
+    frame.to_csv(path, index=False, float_format=f"%.{SIGNIFICANT_DIGITS}g")
+
 
 CELL_KEYS = ["pipeline", "data", "model", "arm", "signature", "eval_split", "metric", "method", "pattern", "sparsity"]
 DECIMALS = {"top1": 2, "ppl": 2, "weights_median_log10": 3, "weights_below_1e-3": 2}

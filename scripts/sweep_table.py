@@ -11,7 +11,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from analysis import sweep
+from analysis import sweep, tables
 from analysis.runs import NoRunsError, read_runs
 
 if __name__ == "__main__":
@@ -28,5 +28,5 @@ if __name__ == "__main__":
     out.mkdir(parents=True, exist_ok=True)
     text = sweep.markdown(frame.pipeline.iloc[0], grid, shlex.join(["python", "scripts/sweep_table.py", *sys.argv[1:]]))
     (out / "sweep.md").write_text(text)
-    grid.to_csv(out / "sweep.csv", index=False)
+    tables.write_csv(grid, out / "sweep.csv")
     print(text)

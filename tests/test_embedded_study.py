@@ -113,15 +113,15 @@ def test_the_cost_table_is_measured_from_the_runs(embedded_jobs):
 
     jobs = embedded_jobs
     vit = [j for j in jobs if j.pipeline == "vit"]
-    frame = pd.DataFrame([{"run": j.run, "pipeline": "vit", "wall_time_s": 40.0 + i % 3, "host": "node7", "cpu": "x86_64",
-                           "cpu_threads": 1} for i, j in enumerate(vit[:30])])  # fmt: skip
+    frame = pd.DataFrame([{"run": j.run, "pipeline": "vit", "wall_time_s": 40.0 + i % 3, "host": "node7", "cpu": "Xeon",
+                           "cpu_capability": "AVX512", "cpu_threads": 1} for i, j in enumerate(vit[:30])])  # fmt: skip
     text = study.cost_table(frame, jobs)
     row = next(line for line in text.splitlines() if line.startswith("| vit "))
     trials = sum((vit[0].config["tuned"][o].get("provenance") or {}).get("trials") or 0 for o in ("adamw", "ham", "horst"))
     expected_hours = (len(vit) + trials) * 41.0 / 2 / 3600  # each trial one run; two runs side by side
     assert row.split(" | ")[1:4] == [f"30 of {len(vit)}", "41", f"{30 * 41.0 / 3600:.1f}"]
     assert row.rstrip(" |").endswith(f"{expected_hours:.1f}")
-    assert "| gpt2 | 0 of 40 | – |" in text and "Machine: host node7 (x86_64), 1 torch thread(s) a run." in text
+    assert "| gpt2 | 0 of 40 | – |" in text and "Machine: host node7 (Xeon, AVX512), 1 torch thread(s) a run." in text
 
 
 def test_a_stale_run_is_named_with_the_keys_that_differ(tmp_path, demo_jobs, write_run):

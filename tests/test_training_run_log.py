@@ -30,6 +30,8 @@ def test_metrics_summary_and_config_files(tmp_path):
     env = on_disk["environment"]  # what the numbers were computed with
     assert env["versions"]["torch"] == torch.__version__.split("+")[0] and env["versions"]["transformers"]
     assert env["versions"]["hydra-core"] and env["cpu_threads"] == torch.get_num_threads() and env["host"]
+    # the CPU's model and the SIMD path torch takes on it: why a rerun elsewhere differs in its last digits
+    assert env["cpu_capability"] == torch.backends.cpu.get_cpu_capability() and env["cpu"] not in ("", "x86_64")
 
 
 def test_resume_drops_records_after_the_checkpoint(tmp_path):

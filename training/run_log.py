@@ -100,8 +100,22 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def cpu_model() -> str:
+    """The CPU's model name (`platform.processor()` says only `x86_64` on Linux)."""
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("model name", "Model")):  # x86; ARM boards
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def environment() -> dict[str, Any]:
-    """What a result was computed with: library versions, devices, host, threads."""
+    """What a result was computed with: library versions, devices, host, CPU (model, the SIMD
+    capability torch dispatches to: numbers differ in their last digits between them), threads."""
     import importlib.metadata
     import platform
     import socket
@@ -119,7 +133,9 @@ def environment() -> dict[str, Any]:
         "versions": {**versions, "python": platform.python_version(), "cuda": torch.version.cuda,
                      "cudnn": torch.backends.cudnn.version() if cuda else None},
         "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else [],
-        "cpu": platform.processor() or platform.machine(),
+        "gpu": torch.cuda.get_device_name() if cuda else None,
+        "cpu": cpu_model(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cpu_threads": torch.get_num_threads(),
         "host": socket.gethostname(),
     }  # fmt: skip
