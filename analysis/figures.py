@@ -90,8 +90,8 @@ def metric_figure(frame: pd.DataFrame, path: Path, *, metric: str, ylabel: str, 
     plt.close(fig)
 
 
-def weight_figure(frame: pd.DataFrame, folders: dict[str, Path], path: Path,
-                  saved: dict[str, dict] | None = None) -> tuple[list[str], dict[str, dict]]:  # fmt: skip
+def weight_figure(frame: pd.DataFrame, folders: dict[str, Path], path: Path, saved: dict[str, dict] | None = None,
+                  caveat: str = "") -> tuple[list[str], dict[str, dict]]:  # fmt: skip
     """log10|w| densities of the prunable weights, per arm, one panel per pipeline: the first
     seed's run (ViT: at the highest sparsity), its histogram from its run folder, else from
     `saved` (run -> signature, from, counts, edges: what an earlier figure drew; a study resumed
@@ -132,7 +132,9 @@ def weight_figure(frame: pd.DataFrame, folders: dict[str, Path], path: Path,
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=3, frameon=False)
     arms = list(dict.fromkeys(a for items in drawn.values() for a, _, _ in items))
-    fig.suptitle(textwrap.fill(f"Weight magnitudes of {', '.join(arms)}", 70 * len(drawn)), fontsize=10)
+    seeds = sorted({row.seed for items in drawn.values() for _, row, _ in items})
+    title = f"Weight magnitudes of {', '.join(arms)} (seed {', '.join(f'{s:g}' for s in seeds)} only){caveat}"
+    fig.suptitle(textwrap.fill(title, 70 * len(drawn)), fontsize=10)
     fig.savefig(path, dpi=130)
     plt.close(fig)
     return notes, used

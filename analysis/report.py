@@ -195,15 +195,16 @@ def write_report(frame: pd.DataFrame, out: Path, *, rules: dict[str, Any] | None
     (out / "claims.md").write_text(claims_md)
     headline = headline_markdown(judgement, verdicts, split, source or str(out))
     (out / "headline.md").write_text(headline)
+    caveat = "; one seed: an illustration, not evidence" if frame.seed.nunique() == 1 else ""
     if (frame.metric == "top1").any():
         figures.metric_figure(frame, out / "accuracy_vs_sparsity.png", metric="top1", ylabel="top-1 accuracy (%)",
-                              title=f"Top-1 of the final sparse ViT ({split} split)")  # fmt: skip
+                              title=f"Top-1 of the final sparse ViT ({split} split{caveat})")  # fmt: skip
     if (frame.metric == "ppl").any():
         magnitude = frame[(frame.metric == "ppl") & frame.method.isin(["none", "magnitude"]) & frame.pattern.isin(["dense", "unstructured"])]
         figures.metric_figure(magnitude, out / "perplexity_vs_sparsity.png", metric="ppl", log_y=True,
                               ylabel="perplexity (log scale)",
-                              title=f"GPT-2 perplexity after one-shot magnitude pruning ({split} split)")  # fmt: skip
-    notes, drawn = figures.weight_figure(frame, folders or {}, out / "weight_distribution.png", saved)
+                              title=f"GPT-2 perplexity after one-shot magnitude pruning ({split} split{caveat})")  # fmt: skip
+    notes, drawn = figures.weight_figure(frame, folders or {}, out / "weight_distribution.png", saved, caveat)
     if drawn:
         (out / WEIGHT_HISTOGRAMS).write_text(json.dumps(drawn, indent=1) + "\n")
     for note in notes:

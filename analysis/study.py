@@ -313,14 +313,18 @@ def cost_table(frame: pd.DataFrame, jobs: Sequence[Job]) -> str:
     return tables.markdown(table, right=0) + f"\nMachine: {machine}.\n"
 
 
-def readme(study: str, frame: pd.DataFrame, jobs: Sequence[Job], extra: Sequence[str], split: str) -> str:
+def readme(study: str, frame: pd.DataFrame, jobs: Sequence[Job], extra: Sequence[str], split: str, out: Path) -> str:
     commits = ", ".join(f"`{c[:12]}`" for c in sorted(frame.git_commit.dropna().unique()))
     presets = list(dict.fromkeys(j.preset for j in jobs))
     lines = "\n".join(f"    {shlex.join(command(p, [], extra))}" for p in presets)
     hours = frame.drop_duplicates("run").wall_time_s.sum() / 3600
+    folder = out.relative_to(REPO) if out.is_relative_to(REPO) else out
+    default = {"demo": Path("outputs/demo"), "embedded": Path("results/embedded")}.get(study)
+    flags = (" --demo" if study == "demo" else "") + (f" --out {folder}" if folder != default else "")
+    target = {" --demo": "make demo", " --demo --out results/demo": "make demo-reference", "": "make study"}.get(flags, "")
     return f"""# The {study} study
 
-Written by `python scripts/embedded_study.py{' --demo' if study == 'demo' else ''}` (make {'demo' if study == 'demo' else 'study'}):
+Written by `python scripts/embedded_study.py{flags}`{f' ({target})' if target else ''}:
 {len(frame.run.unique())} of {len(jobs)} planned runs, measured on the {split} split, from commit(s) {commits}
 ({hours:.1f} h of run time). The runs are the multiruns of the study's presets
 (configs/study/, arms in configs/arm/; each preset's header says what it runs and what was cut
@@ -331,8 +335,8 @@ to fit the budget):
 `runs.csv` is the record (one line per run and number; the study resumes from it). The tables,
 paired differences, the claims' verdicts (by the rules of analysis/claims.yaml), the power table
 and the figures are written from it, into this folder with this file, by `python
-scripts/embedded_study.py{' --demo' if study == 'demo' else ''} --report-only` (no runs);
-`python scripts/study_report.py results/{study}/runs.csv --out <folder>` writes the same tables and
+scripts/embedded_study.py{flags} --report-only` (no runs);
+`python scripts/study_report.py {folder}/runs.csv --out <folder>` writes the same tables and
 figures into another folder. `make check-results` reruns seed 0 of one cell per pipeline.
 
 ## Cost, as measured
@@ -411,10 +415,10 @@ def tune(lines: Sequence[list[str]]) -> None:
 
 def run_study(study: str, *, extra: Sequence[str] = (), report_only: bool = False, out: Path | None = None,
               pipelines: Sequence[str] = tuple(PIPELINES)) -> int:  # fmt: skip
-    """Plan, check, launch what is missing, report. `pipelines` limits what is tuned and run, not
-    what is reported: the record and the report always cover every preset of the study. 0 when
-    every planned run finished."""
-    out = out or REPO / "results" / study
+    """Plan, check, launch what is missing, report into `out` (default results/<study>, whose
+    runs.csv it resumes from). `pipelines` limits what is tuned and run, not what is reported: the
+    record and the report always cover every preset of the study. 0 when every planned run finished."""
+    out = Path(out or REPO / "results" / study)
     every = plan(presets_of(study), extra)
     jobs = [j for j in every if j.pipeline in pipelines]
     if study == "embedded" and not report_only:  # a fair comparison; the demo shows the pipelines run
@@ -443,8 +447,8 @@ def run_study(study: str, *, extra: Sequence[str] = (), report_only: bool = Fals
     out.mkdir(parents=True, exist_ok=True)
     write_record(frame, record)
     split = {_preset(j.preset).get("eval_split", "validation") for j in every}.pop()
-    write_report(frame, out, split=split, folders=folders, source=f"results/{study}/runs.csv",
-                 intro=readme(study, frame, every, extra, split))  # fmt: skip
+    write_report(frame, out, split=split, folders=folders, source=str(record.relative_to(REPO) if record.is_relative_to(REPO) else record),
+                 intro=readme(study, frame, every, extra, split, out))  # fmt: skip
     missing = len(jobs) - frame.run.isin({j.run for j in jobs}).sum()
     return status or int(missing > 0)
 
@@ -476,14 +480,51 @@ def check_results(study: str, *, extra: Sequence[str] = (), pipelines: Sequence[
         for name, rows in (("committed", before), ("rerun", after)):
             row = rows.iloc[0]
             print(f"{job.run}: {name} on {machine_text(row) if not pd.isna(row.host) else 'a machine not recorded'}")
-        keys = ["metric", "method", "pattern", "sparsity"]
-        both = before.merge(after, on=keys, suffixes=("_before", "_after"))
+        both = agreement(before, after, ["metric", "method", "pattern", "sparsity"])
         for row in both.itertuples():
-            kind, tolerance = TOLERANCE.get(row.metric, ("relative", 0.01))
-            off = abs(row.value_after - row.value_before) / (abs(row.value_before) if kind == "relative" else 1.0)
-            ok = math.isfinite(off) and off <= tolerance
-            worst = max(worst, int(not ok))
+            worst = max(worst, int(not row.agrees))
             print(f"{job.run} {row.metric} {row.method} {row.pattern} {row.sparsity:g}: committed {row.value_before:.6g}, "
-                  f"rerun {row.value_after:.6g}: {'identical' if off == 0 else 'within' if ok else 'OUT OF'} "
-                  f"{kind} tolerance {tolerance:g}")  # fmt: skip
+                  f"rerun {row.value_after:.6g}: {'identical' if row.off == 0 else 'within' if row.agrees else 'OUT OF'} "
+                  f"{row.tolerance}")  # fmt: skip
     return worst
+
+
+def agreement(committed: pd.DataFrame, rerun: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
+    """The numbers of both joined on `keys` (value_before, value_after), each with its TOLERANCE
+    (`tolerance`, as text), how far it is off in that tolerance's kind (`off`) and whether it `agrees`."""
+    both = committed.merge(rerun, on=list(keys), suffixes=("_before", "_after"))
+    kinds = [TOLERANCE.get(m, ("relative", 0.01)) for m in both.metric]
+    scale = [abs(b) if kind == "relative" else 1.0 for b, (kind, _) in zip(both.value_before, kinds)]
+    both["off"] = (both.value_after - both.value_before).abs() / scale
+    both["tolerance"] = [f"{kind} tolerance {limit:g}" for kind, limit in kinds]
+    both["agrees"] = [math.isfinite(off) and off <= limit for off, (_, limit) in zip(both.off, kinds)]
+    return both
+
+
+def compare_with_reference(frame: pd.DataFrame, reference: Path) -> int:
+    """make demo's last words: each headline number (TOLERANCE's metrics) of these runs beside the
+    committed reference's, with the tolerance and whether it agrees; 0 when all agree."""
+    from analysis import tables
+
+    committed = read_record([reference])
+    both = agreement(committed[committed.metric.isin(TOLERANCE)], frame, ["run", "metric", "method", "pattern", "sparsity"])
+    if both.empty:
+        print(f"\nnothing to compare: no run of these is in {reference}")
+        return 1
+    shown = pd.DataFrame({
+        "run": both.run.map(lambda r: r.split("/", 2)[-1]),
+        "number": [f"{m} {tables.column_label(me, pa, sp)}" for m, me, pa, sp in
+                   zip(both.metric, both.method, both.pattern, both.sparsity)],
+        "committed": both.value_before.map(lambda v: f"{v:.4g}"),
+        "yours": both.value_after.map(lambda v: f"{v:.4g}"),
+        "tolerance": both.tolerance.str.replace(" tolerance", ""),
+        "agrees": both.agrees.map({True: "yes", False: "NO"}),
+    })  # fmt: skip
+    machines = {name: ", ".join(sorted({machine_text(r) for r in rows.drop_duplicates("run").dropna(subset=["host"]).itertuples()}))
+                or "not recorded" for name, rows in (("committed", committed), ("yours", frame))}  # fmt: skip
+    print(f"\n## Your runs beside the committed reference ({reference.relative_to(REPO) if reference.is_relative_to(REPO) else reference})\n")
+    print(tables.markdown(shown, right=2))
+    print(f"\ncommitted on: {machines['committed']}\nyours on: {machines['yours']}")
+    print(f"{int(both.agrees.sum())} of {len(both)} numbers agree within their tolerance "
+          "(one seed: an illustration of the pipeline, not evidence; the study's ten seeds are)")
+    return int(not both.agrees.all())
