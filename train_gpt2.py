@@ -6,7 +6,7 @@
     torchrun --nproc_per_node=8 train_gpt2.py experiment=gpt2_small_slimpajama
     python train_gpt2.py -m hydra/launcher=slurm_1gpu +sweep=gpt2_table
 
-Config: configs/train_gpt2.yaml. The pipeline is `training.gpt2.run.run`; this file only
+Config: configs/train_gpt2.yaml. The pipeline is `horst_sparse.gpt2.run.run`; this file only
 hands it Hydra's config. It imports its task, so submitit pickles it by reference.
 """
 
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import hydra
 
-from training.gpt2.config import register_configs
-from training.gpt2.run import run
-from training.presets import check_command_line
-from training.runner import hydra_task
+from horst_sparse.gpt2.config import register_configs
+from horst_sparse.gpt2.run import run
+from horst_sparse.training.presets import check_command_line
+from horst_sparse.training.runner import hydra_task
 
 register_configs()
 

@@ -7,7 +7,7 @@
     python train_vit.py -m hydra/launcher=slurm +sweep=deit_table data.root=...
 
 Config: configs/train_vit.yaml (recipes in configs/vit_recipe/). The pipeline is
-`training.vit.run.run`; this file only hands it Hydra's config. It imports its task, so
+`horst_sparse.vit.run.run`; this file only hands it Hydra's config. It imports its task, so
 submitit pickles it by reference.
 """
 
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import hydra
 
-from training.presets import check_command_line
-from training.runner import hydra_task
-from training.vit.config import register_configs
-from training.vit.run import run
+from horst_sparse.training.presets import check_command_line
+from horst_sparse.training.runner import hydra_task
+from horst_sparse.vit.config import register_configs
+from horst_sparse.vit.run import run
 
 register_configs()
 

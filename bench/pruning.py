@@ -26,8 +26,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import pruning  # noqa: E402
+import pruning
 
 GPT2_SMALL_BLOCK = [(768, 2304), (768, 768), (768, 3072), (3072, 768)]
 # Targets (ISSUES.md, issue 3) in seconds, set when the sort reference took ~7 s on the

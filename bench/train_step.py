@@ -22,30 +22,25 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 import pruning
-from training.env import autocast, autocast_dtype
-from training.gpt2.model import build_model
-from training.optim import build_optimizer
+from horst_sparse.training.env import autocast, autocast_dtype
+from horst_sparse.gpt2.model import build_model
+from horst_sparse.training.optim import build_optimizer
 
 OPTIMIZERS = ("adamw", "ham", "horst")
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 def optimizer_config(name: str):
     """The GPT-2 pipeline's optimizer node, as `train_gpt2.py optimizer=<name>` composes it."""
-    from hydra import compose, initialize_config_dir
+    from horst_sparse.compose import compose
+    from horst_sparse.pipeline import get
 
-    from training.gpt2.config import register_configs
-
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        return compose("train_gpt2", overrides=[f"optimizer={name}"]).optimizer
+    return compose(get("gpt2"), [f"optimizer={name}"]).optimizer
 
 
 def main() -> None:

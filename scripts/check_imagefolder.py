@@ -6,7 +6,7 @@
 
 Every file of the class folders under `<root>/train` and `<root>/val` (the layout
 `train_vit.py data.root=...` reads) is opened and fully decoded the way the pipeline does
-(`training.vit.data.read_image`), in parallel, with a progress bar. Prints one line per file
+(`horst_sparse.vit.data.read_image`), in parallel, with a progress bar. Prints one line per file
 that fails (path and reason) and a count; exits 1 if any failed, so it can gate a job
 script. Remove or replace those files, or run with `data.skip_corrupt=true`, which skips
 them and lists them in the run folder's `skipped_images.txt`. `--minival-list FILE` also
@@ -24,9 +24,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from training.vit.data import check_imagefolder_root, minival_indices, read_image  # noqa: E402
+from horst_sparse.vit.data import check_imagefolder_root, minival_indices, read_image
 
 
 def problem(path: str) -> str | None:
@@ -45,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minival-list", type=Path, help="write the held-out minival's files here, one a line")
     parser.add_argument("--minival-size", type=int, default=10000, help="data.minival_size (default 10000)")
     args = parser.parse_args(argv)
-    from training.config import RunError
+    from horst_sparse.training.config import RunError
 
     try:
         check_imagefolder_root(args.root)

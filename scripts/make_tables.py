@@ -1,15 +1,6 @@
-"""Tables and figures of any runs (analysis.report), e.g. a sweep's:
+"""`horst-tables` as a script: horst_sparse.analysis.report.tables_main (its --help says what it does)."""
 
-    python scripts/make_tables.py multirun/vit multirun/gpt2 --out results/sweep
-
-Every folder below the given ones with `config.yaml` and `summary.json` is a finished run;
-runs that differ only in their seed and in keys that change no number
-(training/no_effect.py) are the seeds of one cell. Failed and unfinished folders are listed.
-"""
-
-import sys
-
-from analysis.report import main
+from horst_sparse.analysis.report import tables_main
 
 if __name__ == "__main__":
-    main(sys.argv[1:], study=False)
+    tables_main()

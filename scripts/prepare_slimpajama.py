@@ -21,13 +21,12 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 import pyarrow.compute as pc
 from tqdm import tqdm
 
-from training.gpt2.data import EOT, META_FILE, SPLIT_FILES, encode_documents, gpt2_tokenizer, write_meta, write_tokens
+from horst_sparse.gpt2.data import EOT, META_FILE, SPLIT_FILES, encode_documents, gpt2_tokenizer, write_meta, write_tokens
 
 HUB_ID = "DKYoon/SlimPajama-6B"
 

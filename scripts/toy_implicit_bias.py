@@ -105,9 +105,8 @@ import numpy as np
 import torch
 from scipy.optimize import linprog, minimize
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import horst  # noqa: E402
+import horst
 
 DEFAULT_OUT = Path("outputs") / "toy"  # the committed table is regenerated with --out results/toy
 # Relative residual ||X theta - y|| / ||y|| at which GD and HAM over GD stop.

@@ -38,22 +38,20 @@ CONFIGS = ROOT / "configs"
 
 
 # ---- composed configs and run folders as the pipelines record them (analysis, study, tuning) ----
-def compose_job(config_name: str, overrides: list[str]) -> dict:
-    """The job config a run records in config.yaml (Hydra's compose, resolved; no hydra node)."""
-    from hydra import compose, initialize_config_dir
+def compose_job(pipeline: str, overrides: list[str]) -> dict:
+    """The job config a run of `pipeline` records in config.yaml (horst_sparse.compose, resolved;
+    no hydra node)."""
     from omegaconf import OmegaConf
 
-    from training.gpt2.config import register_configs as register_gpt2
-    from training.vit.config import register_configs as register_vit
+    from horst_sparse.compose import compose
+    from horst_sparse.pipeline import get
 
-    register_vit(), register_gpt2()
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
-        return OmegaConf.to_container(compose(config_name, overrides=overrides), resolve=True)
+    return OmegaConf.to_container(compose(get(pipeline), overrides), resolve=True)
 
 
 @pytest.fixture(scope="session")
 def compose():
-    """compose(config_name, overrides) -> the job config a run would record."""
+    """compose(pipeline, overrides) -> the job config a run of that pipeline would record."""
     return compose_job
 
 
@@ -61,7 +59,7 @@ def compose():
 def job_configs() -> dict[str, dict]:
     """Composed configs of both pipelines' arms, by (pipeline, arm)."""
     arms = ("adamw", "ham", "horst", "horst_prunable", "adamw_decay")
-    return {(p, a): compose_job(f"train_{p}", [f"+arm={a}"]) for p in ("vit", "gpt2") for a in arms}
+    return {(p, a): compose_job(p, [f"+arm={a}"]) for p in ("vit", "gpt2") for a in arms}
 
 
 @pytest.fixture
@@ -73,7 +71,9 @@ def write_run():
     def write(folder: Path, config: dict, value: float, *, git_commit: str = "0" * 40, **summary: object) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-        pipeline = "vit" if "acdc" in config else "gpt2"
+        from horst_sparse.pipeline import get
+
+        pipeline = config["pipeline"]
         record = {"pipeline": pipeline, "git_commit": git_commit, "wall_time_s": 1.0,
                   "eval_split": config.get("eval_split", "validation")}  # fmt: skip
         if pipeline == "vit":
@@ -82,7 +82,9 @@ def write_run():
             rows = [{"sparsity": s, "method": "none" if s == 0 else "magnitude", "pattern": "dense" if s == 0 else "unstructured",
                      "ppl": value * (1 + s)} for s in config["prune"]["sparsities"]]  # fmt: skip
             record |= {"pruning": {"results": rows}}
-        (folder / "summary.json").write_text(json.dumps(record | summary))
+        record = record | summary
+        record["numbers"] = get(pipeline).numbers(config, record)  # as the runner writes them
+        (folder / "summary.json").write_text(json.dumps(record))
         return folder
 
     return write
@@ -95,22 +97,19 @@ QUIET_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "d
 
 
 def _load_entry_point(name: str):
-    """The entry point `name`.py at the repository root (train_gpt2, train_vit) as a module;
-    its `main` is the Hydra application, run in-process as `python <name>.py` runs it."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The entry point `name`.py at the repository root (train_gpt2, train_vit; the root is on
+    pytest's `pythonpath`) as a module; its `main` is the Hydra application, run in-process as
+    `python <name>.py` runs it."""
+    return importlib.import_module(name)
 
 
 @functools.cache
 def register_schemas(pipeline: str) -> None:
     """The pipeline's schemas in Hydra's ConfigStore, which its config's defaults name: once per
     process, as its entry point (train_gpt2.py, train_vit.py) registers them on import."""
-    from training.gpt2.config import register_configs as register_gpt2
-    from training.vit.config import register_configs as register_vit
+    from horst_sparse.pipeline import get
 
-    {"gpt2": register_gpt2, "vit": register_vit}[pipeline]()
+    get(pipeline).register_configs()
 
 
 def _subprocess_env() -> dict[str, str]:
@@ -125,7 +124,7 @@ def read_records(run_dir: Path) -> list[dict]:
 
 
 def final_params(run_dir: Path) -> dict[str, torch.Tensor]:
-    from training.checkpoint import latest_checkpoint, load_checkpoint
+    from horst_sparse.training.checkpoint import latest_checkpoint, load_checkpoint
 
     return load_checkpoint(latest_checkpoint(run_dir))["model"]
 
@@ -140,7 +139,7 @@ def logged_steps(run_dir: Path) -> list[int]:
 # ---- the GPT-2 pipeline on CPU: the embedded pydoc corpus, a 2-layer model ------------------------
 @pytest.fixture(scope="module")
 def pydoc_dir(tmp_path_factory) -> Path:
-    from training.gpt2.data import prepare_pydoc
+    from horst_sparse.gpt2.data import prepare_pydoc
 
     folder = tmp_path_factory.mktemp("pydoc")
     prepare_pydoc(folder)
@@ -184,12 +183,11 @@ def tiny_overrides(data_dir: Path, *extra: str) -> list[str]:
 
 
 def compose_cfg(overrides: list[str]):
-    """train_gpt2's config with `overrides` (Hydra's compose, unresolved), as the entry point gets it."""
-    from hydra import compose, initialize_config_dir
+    """train_gpt2's config with `overrides` (unresolved), as the entry point gets it."""
+    from horst_sparse.compose import compose
+    from horst_sparse.pipeline import get
 
-    register_schemas("gpt2")
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        return compose("train_gpt2", overrides=overrides)
+    return compose(get("gpt2"), overrides)
 
 
 # ---- the ViT pipeline on CPU: a tiny ImageNet-layout folder, the DeiT recipe under AC/DC -----------
@@ -233,12 +231,11 @@ def imagenet_root(tmp_path_factory) -> Path:
 
 
 def _compose(overrides: list[str]):
-    """train_vit's config with `overrides` (Hydra's compose, unresolved), as the entry point gets it."""
-    from hydra import compose, initialize_config_dir
+    """train_vit's config with `overrides` (unresolved), as the entry point gets it."""
+    from horst_sparse.compose import compose
+    from horst_sparse.pipeline import get
 
-    register_schemas("vit")
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        return compose("train_vit", overrides=overrides)
+    return compose(get("vit"), overrides)
 
 
 # dense 0; compressed 1-2; decompressed 3; compressed 4-5.

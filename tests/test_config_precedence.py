@@ -18,8 +18,8 @@ import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from training.gpt2.config import register_configs as register_gpt2
-from training.vit.config import register_configs as register_vit
+from horst_sparse.gpt2.config import register_configs as register_gpt2
+from horst_sparse.vit.config import register_configs as register_vit
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 register_vit()

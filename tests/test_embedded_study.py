@@ -1,4 +1,4 @@
-"""analysis.study and scripts/embedded_study.py: the study's jobs composed from its presets and
+"""horst_sparse.study.run and scripts/embedded_study.py: the study's jobs composed from its presets and
 arms, multiruns for what is missing, stale runs and runs of other code refused, a dirty tree
 refused, the "add an arm" recipe, and a tiny study run, resumed from its record, and refused
 when its settings change."""
@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from analysis import claims, report, runs, study
+from horst_sparse.analysis import claims, report, runs
+from horst_sparse.study import run as study
 from conftest import ROOT
 
 TINY_VIT = ["train.epochs=5", "train.warmup_epochs=1", "train.batch_size=256", "acdc.dense_warmup=1", "acdc.compressed=1",
@@ -51,7 +52,7 @@ def test_the_control_decays_as_hard_as_the_horst_it_controls(job_configs, compos
         assert control["train"][lr] * control["optimizer"]["weight_decay"] == pytest.approx(shrink)
         assert control["train"][lr] == adamw["train"][lr]
         assert control["optimizer"]["name"] == "adamw" and control["arm"] == "adamw_decay"
-    moved = compose("train_vit", ["+arm=adamw_decay", "tuned.horst.beta=0.5", "tuned.horst.base_lr=1e-3"])
+    moved = compose("vit", ["+arm=adamw_decay", "tuned.horst.beta=0.5", "tuned.horst.base_lr=1e-3"])
     horst = job_configs[("vit", "horst")]
     assert moved["optimizer"]["weight_decay"] == pytest.approx(
         (horst["optimizer"]["weight_decay"] + 0.5) * 1e-3 / moved["train"]["base_lr"])
@@ -69,7 +70,7 @@ def test_multiruns_are_the_whole_sweep_or_the_missing_cells(demo_jobs):
 def test_arms_not_tuned_alike_are_refused():
     """The digits recipe's picks were made before scripts/tune.py (no provenance): a study on it is
     refused, naming the arm, until each arm is tuned with the same budget."""
-    from training.tuning import BudgetError
+    from horst_sparse.study.tuning import BudgetError
 
     with pytest.raises(BudgetError, match=r"arm \w+ was not tuned by scripts/tune.py"):
         study.check_budgets(study.plan(["demo_vit"], ["vit_recipe=digits"]))
@@ -197,7 +198,7 @@ def test_every_reviewed_change_is_a_real_pair_of_this_repository():
 def test_add_an_arm_recipe(tmp_path, write_run):
     """docs/design.md §5's recipe, followed: (1) a file configs/arm/<name>.yaml that chooses the
     optimizer, sets its values and records `arm: <name>`; (2) its name in the preset's `+arm`;
-    (3) where it is to be compared, a line in analysis/claims.yaml's `comparisons`."""
+    (3) where it is to be compared, a line in horst_sparse/analysis/claims.yaml's `comparisons`."""
     configs = tmp_path / "configs"
     shutil.copytree(ROOT / "configs", configs)
     (configs / "arm" / "horst_alpha1.yaml").write_text(

@@ -1,5 +1,5 @@
 """Exported models load with the libraries' own loaders and give the run's numbers:
-GPT-2 -> transformers folder (end-of-run switch and scripts/export.py), ViT -> timm
+GPT-2 -> transformers folder (end-of-run switch and horst-export), ViT -> timm
 safetensors. Real tiny runs, real loaders, offline."""
 
 from __future__ import annotations
@@ -12,17 +12,18 @@ import torch
 import pruning
 from conftest import _compose as compose_vit_cfg
 from conftest import compose_cfg, deit_overrides, tiny_overrides
-from training.gpt2.data import gpt2_tokenizer, load_data
-from training.gpt2.evaluate import evaluate_lm
+from horst_sparse.gpt2.data import gpt2_tokenizer, load_data
+from horst_sparse.gpt2.evaluate import evaluate_lm
 
-EXPORT_SCRIPT = pytest.importorskip("scripts.export")
-export_run = EXPORT_SCRIPT.export_run
+from horst_sparse.training import export as horst_export  # horst-export (scripts/export.py)
+
+export_run = horst_export.export_run
 
 
 @pytest.fixture(scope="module")
 def gpt2_run(pydoc_dir, tmp_path_factory):
     """A tiny GPT-2 run evaluating magnitude and Wanda, unstructured and 2:4, exporting Wanda 2:4."""
-    from training.gpt2.run import run
+    from horst_sparse.gpt2.run import run
 
     run_dir = tmp_path_factory.mktemp("gpt2_run")
     threads = torch.get_num_threads()
@@ -74,7 +75,7 @@ def test_exported_tokenizer_loads_offline_and_gives_the_runs_token_ids(gpt2_run)
 def test_script_exports_a_run_at_a_sparsity_with_exact_zeros(gpt2_run, tmp_path, capsys):
     summary, run_dir, val = gpt2_run
     out = tmp_path / "magnitude50"
-    assert EXPORT_SCRIPT.main([str(run_dir), str(out), "--sparsity", "0.5", "--to", "hf"]) == 0
+    assert horst_export.main([str(run_dir), str(out), "--sparsity", "0.5", "--to", "hf"]) == 0
     assert "measured sparsity 0.5000" in capsys.readouterr().out
     ppl, model = loaded_ppl(out, val)
     assert ppl == pytest.approx(summary["ppl"]["0.5"], rel=1e-4)
@@ -88,17 +89,17 @@ def test_script_exports_a_run_at_a_sparsity_with_exact_zeros(gpt2_run, tmp_path,
 
 def test_script_refuses_the_wrong_format_and_a_missing_sparsity_in_one_line(gpt2_run, tmp_path, capsys):
     run_dir = str(gpt2_run[1])
-    assert EXPORT_SCRIPT.main([run_dir, str(tmp_path / "a"), "--to", "timm"]) == 2
+    assert horst_export.main([run_dir, str(tmp_path / "a"), "--to", "timm"]) == 2
     assert "is a gpt2 run: export it with --to hf" in capsys.readouterr().err
-    assert EXPORT_SCRIPT.main([run_dir, str(tmp_path / "b"), "--to", "hf"]) == 2
+    assert horst_export.main([run_dir, str(tmp_path / "b"), "--to", "hf"]) == 2
     assert "needs --sparsity" in capsys.readouterr().err
-    assert EXPORT_SCRIPT.main([str(tmp_path), str(tmp_path / "c"), "--to", "hf"]) == 2
+    assert horst_export.main([str(tmp_path), str(tmp_path / "c"), "--to", "hf"]) == 2
     assert "no checkpoint" in capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")
 def vit_run(imagenet_root, tmp_path_factory):
-    from training.vit.run import run
+    from horst_sparse.vit.run import run
 
     run_dir = tmp_path_factory.mktemp("vit_run")
     threads = torch.get_num_threads()
@@ -116,8 +117,8 @@ def test_vit_export_loaded_the_timm_way_gives_the_runs_accuracy(vit_run, tmp_pat
     import timm
     from timm.data import create_transform, resolve_data_config
 
-    from training.vit.data import build_datasets, build_transforms, eval_loader
-    from training.vit.model import evaluate
+    from horst_sparse.vit.data import build_datasets, build_transforms, eval_loader
+    from horst_sparse.vit.model import evaluate
 
     summary, run_dir = vit_run
     out = tmp_path / "vit"
@@ -153,14 +154,14 @@ def test_the_shared_export_knows_no_pipeline():
     import ast
     from pathlib import Path
 
-    tree = ast.parse((Path(__file__).resolve().parents[1] / "training" / "export.py").read_text())
+    tree = ast.parse((Path(__file__).resolve().parents[1] / "horst_sparse" / "training" / "export.py").read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
         a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}  # fmt: skip
-    assert not any(name.startswith(("training.gpt2", "training.vit")) for name in imported), imported
+    assert not any(name.startswith(("horst_sparse.gpt2", "horst_sparse.vit")) for name in imported), imported
 
 
 def test_vit_export_refuses_a_sparsity(vit_run, tmp_path):
-    from training.config import RunError
+    from horst_sparse.training.config import RunError
 
     with pytest.raises(RunError, match="already sparse"):
         export_run(vit_run[1], tmp_path / "x", to="timm", sparsity=0.5)

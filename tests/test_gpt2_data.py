@@ -14,7 +14,7 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import ROOT
-from training.gpt2.data import (
+from horst_sparse.gpt2.data import (
     EOT,
     DatasetNotPreparedError,
     RandomWindows,
@@ -30,14 +30,13 @@ from training.gpt2.data import (
     write_tokens,
 )
 
-from training.config import RunError
+from horst_sparse.training.config import RunError
 
 
 def _load_script():
-    spec = importlib.util.spec_from_file_location("prepare_slimpajama", ROOT / "scripts" / "prepare_slimpajama.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from scripts import prepare_slimpajama
+
+    return prepare_slimpajama
 
 
 def test_tokenizer_is_gpt2_bpe():

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from conftest import ROOT, _load_entry_point, _subprocess_env, compose_cfg, final_params, logged_steps, read_records, tiny_overrides
-from training.config import ConfigError
-from training.gpt2.config import validate
+from horst_sparse.training.config import ConfigError
+from horst_sparse.gpt2.config import validate
 
 pytestmark = pytest.mark.usefixtures("quiet_single_threaded")
 
@@ -45,9 +45,9 @@ import sys
 
 from hydra import compose, initialize_config_dir
 
-from training.distributed import shutdown_distributed
-from training.gpt2.config import register_configs
-from training.gpt2.run import run
+from horst_sparse.training.distributed import shutdown_distributed
+from horst_sparse.gpt2.config import register_configs
+from horst_sparse.gpt2.run import run
 
 register_configs()
 configs, out, overrides = sys.argv[1], sys.argv[2], sys.argv[3:]

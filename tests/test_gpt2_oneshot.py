@@ -1,4 +1,4 @@
-"""One-shot pruning of GPT-2 by method and pattern (training/gpt2/evaluate.py): the rows
+"""One-shot pruning of GPT-2 by method and pattern (horst_sparse/gpt2/evaluate.py): the rows
 and their labels, Wanda's calibration, 2:4 along Conv1D inputs, the config checks. An
 untrained nano GPT-2 (no training needed for these properties)."""
 
@@ -10,11 +10,11 @@ from omegaconf import OmegaConf
 
 import pruning
 from conftest import compose_cfg, tiny_overrides
-from training.config import ConfigError
-from training.gpt2.config import validate
-from training.gpt2.data import load_data
-from training.gpt2.evaluate import calibration_batches, evaluate_lm, one_shot_plan, one_shot_pruning, prune_copy
-from training.gpt2.model import build_model
+from horst_sparse.training.config import ConfigError
+from horst_sparse.gpt2.config import validate
+from horst_sparse.gpt2.data import load_data
+from horst_sparse.gpt2.evaluate import calibration_batches, evaluate_lm, one_shot_plan, one_shot_pruning, prune_copy
+from horst_sparse.gpt2.model import build_model
 
 
 def prune_cfg(**changes):
@@ -63,7 +63,7 @@ def test_results_name_method_pattern_and_keep_the_paper_keys(nano):
 
 def test_two_of_four_along_the_inputs_of_every_conv1d(nano):
     model, cfg, train, _ = nano
-    from training.gpt2.evaluate import input_norms
+    from horst_sparse.gpt2.evaluate import input_norms
 
     weights = pruning.prunable_parameters(model, "gpt2")
     norms = input_norms(model, weights, calibration_batches(train, context=32, windows=4, seed=0))

@@ -11,8 +11,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from training.gpt2.model import build_model, flops_per_token
-from training.gpt2.evaluate import evaluate_lm, window_starts
+from horst_sparse.gpt2.model import build_model, flops_per_token
+from horst_sparse.gpt2.evaluate import evaluate_lm, window_starts
 
 
 @pytest.fixture(scope="module")
@@ -69,11 +69,11 @@ def test_a_run_reports_every_perplexity_on_the_split_eval_split_says(tmp_path, m
     validation: the test split is never read."""
     from hydra import compose, initialize_config_dir
 
-    import training.gpt2.data as gpt2_data
-    from training.checkpoint import latest_checkpoint, load_checkpoint
-    from training.gpt2.config import register_configs
-    from training.gpt2.data import load_data
-    from training.gpt2.run import run
+    import horst_sparse.gpt2.data as gpt2_data
+    from horst_sparse.training.checkpoint import latest_checkpoint, load_checkpoint
+    from horst_sparse.gpt2.config import register_configs
+    from horst_sparse.gpt2.data import load_data
+    from horst_sparse.gpt2.run import run
 
     monkeypatch.setenv("WANDB_MODE", "disabled")
     register_configs()

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from conftest import ROOT, _load_entry_point, _subprocess_env, compose_cfg, final_params, read_records, tiny_overrides
-from training.checkpoint import CheckpointError
-from training.gpt2.data import DatasetNotPreparedError
-from training.gpt2.run import run
-from training.runner import NON_FINITE_EXIT_CODE
+from horst_sparse.training.checkpoint import CheckpointError
+from horst_sparse.gpt2.data import DatasetNotPreparedError
+from horst_sparse.gpt2.run import run
+from horst_sparse.training.runner import NON_FINITE_EXIT_CODE
 
 pytestmark = pytest.mark.usefixtures("quiet_single_threaded")
 

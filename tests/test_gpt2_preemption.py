@@ -1,5 +1,5 @@
 """SLURM's pre-timeout signal: the run checkpoints, exits for requeue, and resumes with no
-lost or repeated step (training/preemption.py)."""
+lost or repeated step (horst_sparse/training/preemption.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from conftest import ROOT, _subprocess_env, compose_cfg, final_params, logged_steps, read_records, tiny_overrides
-from training.gpt2.run import run
-from training.preemption import PREEMPTED_EXIT_CODE
+from horst_sparse.gpt2.run import run
+from horst_sparse.training.preemption import PREEMPTED_EXIT_CODE
 
 pytestmark = pytest.mark.usefixtures("quiet_single_threaded")
 

@@ -1,4 +1,4 @@
-"""analysis.runs and analysis.tables: run folders into one tidy frame, cells over seeds that
+"""horst_sparse.analysis.runs and horst_sparse.analysis.tables: run folders into one tidy frame, cells over seeds that
 differ only in keys that change no number, labels that are what ran, the record round trip,
 the tables' text, LaTeX and figures, and scripts/make_tables.py on the command line."""
 
@@ -12,7 +12,8 @@ import sys
 import pandas as pd
 import pytest
 
-from analysis import report, runs, tables
+from horst_sparse.training.runner import record_failed_cell
+from horst_sparse.analysis import report, runs, tables
 from conftest import ROOT
 
 
@@ -106,8 +107,7 @@ def test_failed_and_unfinished_runs_are_listed_and_failed_counts_as_diverged(tmp
     write_run(tmp_path / "ok", horst, 0.9)
     failed = tmp_path / "failed"
     failed.mkdir()
-    (failed / "failed.json").write_text(
-        __import__("json").dumps({"pipeline": "vit", "exit_code": 4, "reason": "loss is nan", "config": _with(horst, seed=1)}))
+    record_failed_cell(failed, pipeline="vit", reason="loss is nan", exit_code=4, step=3, config=_with(horst, seed=1))
     unfinished = tmp_path / "unfinished"
     unfinished.mkdir()
     (unfinished / "config.yaml").write_text("seed: 2\n")
@@ -151,8 +151,8 @@ def test_make_tables_writes_tables_latex_and_readable_figures(tmp_path, job_conf
     assert done.returncode == 0, done.stderr
     text = (out / "tables.md").read_text()
     assert "| digits | vit_digits | horst |" in text and "| 99.5 % |" in text
-    assert r"\begin{table}[t]" in (out / "vit_acdc.tex").read_text() and r"$\pm$" in (out / "vit_acdc.tex").read_text()
-    assert pd.read_csv(out / "vit_acdc.csv")["n"].eq(2).all()
+    assert r"\begin{table}[t]" in (out / "vit_top1.tex").read_text() and r"$\pm$" in (out / "vit_top1.tex").read_text()
+    assert pd.read_csv(out / "vit_top1.csv")["n"].eq(2).all()
     assert (out / "accuracy_vs_sparsity.png").read_bytes().startswith(b"\x89PNG")
     assert "ham" not in (out / "headline.md").read_text()
 
@@ -163,7 +163,7 @@ def test_the_weight_figure_titles_do_not_collide(tmp_path, job_configs, write_ru
 
     matplotlib.use("Agg")
 
-    from analysis import figures
+    from horst_sparse.analysis import figures
 
     for pipeline, arm in (("vit", "adamw"), ("vit", "horst"), ("gpt2", "adamw"), ("gpt2", "horst")):
         folder = write_run(tmp_path / pipeline / arm, job_configs[(pipeline, arm)], 0.9 if pipeline == "vit" else 40.0)

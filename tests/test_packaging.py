@@ -113,6 +113,8 @@ print(json.dumps({
     "stepped": not torch.equal(param, before) and bool(torch.isfinite(param).all()),
     "pruned": int((~masks["w"]).sum()),
     "horst_file": horst.__file__,
+    "top_level": sorted({p.parts[0].removesuffix(".py") for p in importlib.metadata.files("horst-sparse")
+                         if p.parts[0] not in ("..",) and not p.parts[0].endswith(".dist-info")}),
     "distributions": sorted(d.metadata["Name"] for d in importlib.metadata.distributions()),
     "requires": importlib.metadata.requires("horst-sparse"),
     "others": [m for m in ("timm", "transformers", "hydra", "omegaconf", "wandb", "yaml", "numpy", "pytest")
@@ -126,7 +128,7 @@ def test_wheel_installs_with_torch_alone_and_takes_a_step(tmp_path):
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source)
-    for package in ("horst", "pruning", "training", "analysis", "hydra_plugins"):
+    for package in ("horst", "pruning", "horst_sparse", "hydra_plugins"):
         shutil.copytree(ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet"]
     subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", tmp_path / "dist", source],
@@ -149,6 +151,9 @@ def test_wheel_installs_with_torch_alone_and_takes_a_step(tmp_path):
     assert result.returncode == 0, result.stderr
     seen = json.loads(result.stdout)
     assert seen["stepped"] and seen["pruned"] == 16
+    # no generic top-level name (training, analysis) lands in a user's site-packages: the project's
+    # namespace, the two libraries, and Hydra's own namespace for its launcher plugin
+    assert seen["top_level"] == ["horst", "horst_sparse", "hydra_plugins", "pruning"]
     assert Path(seen["horst_file"]).is_relative_to(site)  # the installed wheel, not this tree
     assert not seen["others"]  # nothing beyond torch's own requirements can be imported ...
     visible = {canonicalize_name(name) for name in seen["distributions"]}

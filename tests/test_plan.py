@@ -13,13 +13,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from training.vit.data import IMAGENET_LAYOUT
+from horst_sparse.vit.data import IMAGENET_LAYOUT
+
+from horst_sparse.compose import sweep_jobs
+from horst_sparse.study import plan
 
 REPO = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("plan", REPO / "scripts" / "plan.py")
-plan = importlib.util.module_from_spec(_spec)
-sys.modules["plan"] = plan  # dataclasses look their module up by name
-_spec.loader.exec_module(plan)
 
 # The one place for the sweep presets' sizes (configs/sweep/*.yaml): edit here when a sweep changes.
 SWEEP_CELLS = {"deit_table": 27, "gpt2_table": 3, "horst_alpha_beta": 16, "ham_alpha_beta": 9, "vit_sparsity": 15}
@@ -109,13 +108,13 @@ def test_a_cell_that_does_not_compose_is_one_line_naming_it(capsys):
 def test_the_expansion_is_hydras_basic_sweepers():
     """The cells of a command line with a sweep preset, a list, a range and a key given twice
     are those Hydra's own basic sweeper would launch, in its order (its implementation is the
-    reference here; plan.py itself uses only the public parser)."""
+    reference here; horst_sparse.compose uses only the public parser)."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     arguments = ["optimizer=horst", "acdc.sparsity=0.5,0.9", "seed=range(0,3)", "optimizer=adamw,horst", "train.epochs=40"]
     reference = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(arguments), None)
-    assert plan.sweep_jobs(arguments) == [list(job) for batch in reference for job in batch]
+    assert sweep_jobs(arguments) == [list(job) for batch in reference for job in batch]
     _, _, cells = plan.plan("train_vit.py", arguments)
     assert len(cells) == 2 * 2 * 3 and cells[0].overrides == ["optimizer=adamw", "acdc.sparsity=0.5", "seed=0", "train.epochs=40"]
     assert [c.config.optimizer.name for c in cells[:2]] == ["adamw", "adamw"] and cells[-1].config.acdc.sparsity == 0.9

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from conftest import ROOT
-from training.presets import presets
+from horst_sparse.training.presets import presets
 
 
 def entry_point(script: str, *args: str) -> subprocess.CompletedProcess:

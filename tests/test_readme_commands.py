@@ -22,8 +22,6 @@ import pytest
 
 from conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "scripts"))
-
 
 def readme_commands(readme: Path = ROOT / "README.md") -> list[str]:
     text = readme.read_text()
@@ -48,27 +46,27 @@ COMMANDS = readme_commands()
 # results/tuning/README.md: how the pipelines' alpha/beta picks were made (its shell loop's
 # variable at its first value)
 TUNING = [c.replace("$seed", "0") for c in readme_commands(ROOT / "results" / "tuning" / "README.md")
-          if c.startswith("python ")]  # fmt: skip
-ENTRY = [c for c in COMMANDS + TUNING if re.search(r"\btrain_(gpt2|vit)\.py\b", c) and "scripts/plan.py" not in c]
-SCRIPTS = [c for c in COMMANDS + TUNING if re.search(r"\b(scripts|bench)/\w+\.py\b", c)]
+          if c.startswith(("python ", "horst-"))]  # fmt: skip
+ENTRY = [c for c in COMMANDS + TUNING if re.search(r"\btrain_(gpt2|vit)\.py\b", c) and "horst-plan" not in c]
+SCRIPTS = [c for c in COMMANDS + TUNING if re.search(r"\b(scripts|bench)/\w+\.py\b|(^|/)horst-[a-z-]+\b", c)]
 MAKE = [c for c in COMMANDS if c.startswith("make ")]
+SOURCE = [c for c in COMMANDS if c.startswith("source ")]
 
 
 def test_the_readme_has_the_commands_this_test_knows():
     assert len(ENTRY) >= 15 and len(SCRIPTS) >= 8 and MAKE
-    assert set(COMMANDS) <= set(ENTRY) | set(SCRIPTS) | set(MAKE), set(COMMANDS) - set(ENTRY) - set(SCRIPTS) - set(MAKE)
+    known = set(ENTRY) | set(SCRIPTS) | set(MAKE) | set(SOURCE)
+    assert set(COMMANDS) <= known, set(COMMANDS) - known
     assert len(TUNING) == 11 and set(TUNING) <= set(ENTRY) | set(SCRIPTS)
 
 
 @pytest.mark.parametrize("command", ENTRY)
 def test_entry_point_command_composes_and_passes_the_checks(command):
-    import plan  # scripts/plan.py: Hydra's own multirun expansion
+    from horst_sparse.study import plan  # horst-plan: Hydra's own multirun expansion
 
     script, *overrides = [w for w in words(command) if w != "-m"]
     processes = int(re.search(r"--nproc_per_node=(\d+)", command).group(1)) if "torchrun" in command else 1
-    _, _, cells = plan.plan(ROOT / script, overrides)
-    pipeline = "gpt2" if "gpt2" in script else "vit"
-    validate = __import__(f"training.{pipeline}.config", fromlist=["validate"]).validate
+    pipeline, _, cells = plan.plan(ROOT / script, overrides)
     from omegaconf import open_dict
 
     assert cells
@@ -76,20 +74,21 @@ def test_entry_point_command_composes_and_passes_the_checks(command):
         config = cell.config.copy()
         with open_dict(config):
             del config["hydra"]
-        validate(config, world_size=processes)
+        pipeline.validate(config, world_size=processes)
 
 
 @pytest.mark.parametrize("command", SCRIPTS)
 def test_script_command_uses_only_flags_the_script_takes(command):
     parts = words(command)
-    script = next(p for p in parts if re.match(r"^(scripts|bench)/\w+\.py$", p))
-    assert (ROOT / script).is_file(), script
+    script = next(p for p in parts if re.match(r"^(scripts|bench)/\w+\.py$|^(.*/)?horst-[a-z-]+$", p))
+    command_line = [str(Path(sys.executable).parent / Path(script).name)] if "horst-" in script else [sys.executable, str(ROOT / script)]
+    assert Path(command_line[-1]).is_file(), script  # a horst-* command: installed beside this Python
     flags = {p.split("=")[0] for p in parts if p.startswith("--")}
-    if script == "scripts/plan.py":
+    if script.endswith("horst-plan"):
         return  # its arguments are an entry point's: test_entry_point_command_... covers the same commands
     if flags:
-        help_text = subprocess.run([sys.executable, str(ROOT / script), "--help"], cwd=ROOT, capture_output=True,
-                                   text=True, timeout=120).stdout  # fmt: skip
+        help_text = subprocess.run([*command_line, "--help"], cwd=ROOT, capture_output=True, text=True,
+                                   timeout=120).stdout  # fmt: skip
         assert all(flag in help_text for flag in flags), (script, flags, help_text[-500:])
 
 
@@ -97,3 +96,13 @@ def test_script_command_uses_only_flags_the_script_takes(command):
 def test_make_target_exists(command):
     target = command.split()[1]
     assert re.search(rf"^{re.escape(target)}:", (ROOT / "Makefile").read_text(), re.M), target
+
+
+@pytest.mark.parametrize("command", SOURCE)
+def test_the_environment_the_readme_activates_is_the_one_make_builds(command):
+    """`source .venv/bin/activate` puts this interpreter and its horst-* commands first on PATH."""
+    activate = ROOT / command.split()[1]
+    assert activate == Path(sys.prefix) / "bin" / "activate" or not (ROOT / ".venv").exists(), (activate, sys.prefix)
+    done = subprocess.run(["bash", "-c", f"source {activate} && command -v python horst-plan"], capture_output=True,
+                          text=True, cwd=ROOT)  # fmt: skip
+    assert done.returncode == 0 and done.stdout.split() == [str(activate.parent / "python"), str(activate.parent / "horst-plan")]

@@ -13,8 +13,8 @@ import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from training.optim import build_optimizer
-from training.vit.config import register_configs, validate
+from horst_sparse.training.optim import build_optimizer
+from horst_sparse.vit.config import register_configs, validate
 
 register_configs()
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -62,7 +62,8 @@ def test_every_path_the_code_map_names_exists():
     readme = (CONFIGS.parent / "README.md").read_text()
     table = readme[readme.index("## Code map"):readme.index("To add")]
     paths = [p for cell in re.findall(r"^\| `([^|]*)\|", table, re.M) for p in re.findall(r"`?([\w/.]+\.py|[\w/]+/)`?", cell)]
-    paths += [f"training/{name}" for name in re.findall(r"`(\w+\.py)`", table.split("| `training/` |")[1].split("\n")[0])]
+    for folder in ("horst_sparse/training/", "horst_sparse/analysis/", "horst_sparse/study/"):  # the files each row names
+        paths += [folder + name for name in re.findall(r"`(\w+\.py)`", table.split(f"| `{folder}` |")[1].split("\n")[0])]
     assert len(paths) > 10
     missing = [p for p in paths if not (CONFIGS.parent / p).exists()]
     assert not missing, missing

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from conftest import QUIET_ENV, ROOT, SLURM_CLUSTER_HINT, compose_cfg, final_params, logged_steps, read_records, slurm_cluster_node
-from training.gpt2.run import run as gpt2_run
+from horst_sparse.gpt2.run import run as gpt2_run
 
 if slurm_cluster_node() is None:
     pytest.skip(SLURM_CLUSTER_HINT, allow_module_level=True)

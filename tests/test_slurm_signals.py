@@ -2,8 +2,8 @@
 SIGTERM (what SLURM sends on preemption, `scancel` and `scontrol requeue`) and SIGINT (Ctrl-C).
 Each checkpoints at the next step and exits like SIGUSR2 (exit 3, the line that continues the
 run); the same command continues and finishes with the weights of an uninterrupted run; typed
-once more, it finds the run finished and changes no file (training/preemption.py,
-training/runner.py's `finished_summary`)."""
+once more, it finds the run finished and changes no file (horst_sparse/training/preemption.py,
+horst_sparse/training/runner.py's `finished_summary`)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from conftest import ROOT, _subprocess_env, compose_cfg, final_params, logged_steps, read_records, tiny_overrides
-from training.gpt2.run import run
-from training.preemption import PREEMPTED_EXIT_CODE
+from horst_sparse.gpt2.run import run
+from horst_sparse.training.preemption import PREEMPTED_EXIT_CODE
 
 pytestmark = pytest.mark.usefixtures("quiet_single_threaded")
 
@@ -74,7 +74,7 @@ def test_usr2_hands_over_to_the_requeue_handler_unless_sigterm_came_with_it(sign
     itself, and submitit's `scontrol requeue` would fail) the run exits for SLURM's requeue.
     Real signals to this process; the previous handler is a recorder standing in for submitit's
     (which needs a SLURM job: tests/test_slurm_cluster.py preempts one both ways)."""
-    from training.preemption import PreemptionGuard
+    from horst_sparse.training.preemption import PreemptionGuard
 
     calls = []
     previous = {s: signal.signal(s, lambda signum, frame: calls.append(signum)) for s in (signal.SIGUSR2, signal.SIGTERM)}

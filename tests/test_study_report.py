@@ -1,5 +1,5 @@
-"""analysis.stats and analysis.claims: intervals, Holm and power against published values, the
-verdicts following the numbers by the rules of analysis/claims.yaml, every output of one report
+"""horst_sparse.analysis.stats and horst_sparse.analysis.claims: intervals, Holm and power against published values, the
+verdicts following the numbers by the rules of horst_sparse/analysis/claims.yaml, every output of one report
 agreeing on each claim, and the README's headline block being the generated one."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import claims, report, runs, tables
-from analysis.stats import detectable_effect, holm, paired_interval
+from horst_sparse.analysis import claims, report, runs, tables
+from horst_sparse.analysis.stats import detectable_effect, holm, paired_interval
 from conftest import ROOT
 
 RULES = claims.load_rules()
@@ -134,11 +134,11 @@ def test_a_report_leaves_no_file_of_an_earlier_one(tmp_path):
     """A pipeline without runs has no tables or figure: the files an earlier report wrote for it go."""
     gpt2 = record({("adamw", "ppl", 0.9): [80, 82, 79], ("horst", "ppl", 0.9): [60, 59, 62]}, pipeline="gpt2")
     report.write_report(pd.concat([vit_claim({0.7: 0.5, 0.8: 1.5, 0.9: 2.0}), gpt2]), tmp_path)
-    assert (tmp_path / "gpt2_pruning.csv").exists() and (tmp_path / "perplexity_vs_sparsity.png").exists()
+    assert (tmp_path / "gpt2_ppl.csv").exists() and (tmp_path / "perplexity_vs_sparsity.png").exists()
     (tmp_path / "pilot.md").write_text("not the report's\n")
     report.write_report(vit_claim({0.7: 0.5, 0.8: 1.5, 0.9: 2.0}), tmp_path)
-    assert not (tmp_path / "gpt2_pruning.csv").exists() and not (tmp_path / "perplexity_vs_sparsity.png").exists()
-    assert (tmp_path / "vit_acdc.csv").exists() and (tmp_path / "pilot.md").exists()
+    assert not (tmp_path / "gpt2_ppl.csv").exists() and not (tmp_path / "perplexity_vs_sparsity.png").exists()
+    assert (tmp_path / "vit_top1.csv").exists() and (tmp_path / "pilot.md").exists()
 
 
 def assert_same_table(written: Path, committed: Path) -> None:
@@ -172,9 +172,13 @@ def test_committed_outputs_agree_and_regenerate_from_the_record(tmp_path, folder
     if (committed / report.WEIGHT_HISTOGRAMS).is_file():
         shutil.copy(committed / report.WEIGHT_HISTOGRAMS, tmp_path)
     report.write_report(frame, tmp_path, split=split, source=f"{folder}/runs.csv")
-    texts = [n for n in report.OUTPUTS if not n.endswith(".png") and n != "README.md"]
-    assert {n for n in texts if (tmp_path / n).exists()} == {n for n in texts if (committed / n).exists()}
-    for name in (n for n in texts if (tmp_path / n).exists()):
+    def written(folder: Path) -> set[str]:  # the report's text files, its tables' CSV and LaTeX included
+        tables = {p.name for suffix in ("*.tex", "*.csv") for p in folder.glob(suffix) if p.name != "runs.csv"}
+        return tables | {n for n in report.OUTPUTS if (folder / n).exists() and not n.endswith(".png") and n != "README.md"}
+
+    texts = written(tmp_path)
+    assert texts == written(committed)
+    for name in texts:
         if name.endswith(".csv"):
             assert_same_table(tmp_path / name, committed / name)
         else:  # markdown, LaTeX, JSON: rounded to their decimals, so the same text on every CPU
@@ -212,20 +216,20 @@ def test_real_run_folders_through_the_whole_report(tmp_path, monkeypatch, compos
 
     from omegaconf import OmegaConf
 
-    from training.gpt2.data import prepare_pydoc
-    from training.gpt2.run import run as run_gpt2
-    from training.vit.run import run as run_vit
+    from horst_sparse.gpt2.data import prepare_pydoc
+    from horst_sparse.gpt2.run import run as run_gpt2
+    from horst_sparse.vit.run import run as run_vit
 
     monkeypatch.setenv("WANDB_MODE", "disabled")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        vit = compose("train_vit", ["+arm=adamw", "device=cpu", "eval_split=test", "train.epochs=5", "train.warmup_epochs=1",
+        vit = compose("vit", ["+arm=adamw", "device=cpu", "eval_split=test", "train.epochs=5", "train.warmup_epochs=1",
                                     "train.batch_size=256", "acdc.dense_warmup=1", "acdc.compressed=1", "acdc.decompressed=1",
                                     "acdc.final_decompressed=1", "acdc.final_compressed=2"])  # fmt: skip
         run_vit(OmegaConf.create(vit), run_dir=tmp_path / "runs" / "vit")
         prepare_pydoc(tmp_path / "pydoc")
-        gpt2 = compose("train_gpt2", [
+        gpt2 = compose("gpt2", [
             "+arm=horst", "model=gpt2_nano", f"data.dir={tmp_path / 'pydoc'}", "device=cpu", "eval_split=test",
             "train.max_steps=4", "train.warmup_steps=1", "train.batch_size=2", "train.micro_batch_size=2",
             "train.eval_interval=4", "train.eval_windows=4", "eval.max_windows=8", "prune.sparsities=[0.0,0.5,0.9]",

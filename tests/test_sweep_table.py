@@ -1,4 +1,4 @@
-"""analysis.sweep and scripts/sweep_table.py: an alpha x beta grid over seeds, its pick, the GPT-2
+"""horst_sparse.analysis.sweep and scripts/sweep_table.py: an alpha x beta grid over seeds, its pick, the GPT-2
 score, failed runs ranked worst, other settings in other grids."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import sys
 import numpy as np
 import pytest
 
-from analysis import sweep
-from analysis.runs import NoRunsError, read_runs
+from horst_sparse.training.runner import record_failed_cell
+from horst_sparse.analysis import sweep
+from horst_sparse.analysis.runs import NoRunsError, read_runs
 from conftest import ROOT
 
 
@@ -59,8 +60,7 @@ def test_a_failed_run_makes_its_cell_worst_and_other_settings_are_other_grids(tm
     write_run(tmp_path / "other", _horst(horst, 3.0, 0.3, 0, epochs=7), 0.95)
     failed = tmp_path / "failed"
     failed.mkdir()
-    (failed / "failed.json").write_text(json.dumps({"pipeline": "vit", "exit_code": 4, "reason": "loss is nan",
-                                                    "config": _horst(horst, 100.0, 0.3, 0)}))  # fmt: skip
+    record_failed_cell(failed, pipeline="vit", reason="loss is nan", exit_code=4, step=3, config=_horst(horst, 100.0, 0.3, 0))
     cells = sweep.cells(sweep.scores(read_runs([tmp_path]).frame))
     assert cells.grid.nunique() == 2
     grid = cells[cells.alpha.isin([3.0, 100.0]) & (cells.n == 1)].groupby("grid").filter(lambda g: len(g) == 2)

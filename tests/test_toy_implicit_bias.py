@@ -16,11 +16,9 @@ import torch
 
 import horst
 
+from scripts import toy_implicit_bias as toy
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "toy_implicit_bias.py"
-_spec = importlib.util.spec_from_file_location("toy_implicit_bias", SCRIPT)
-toy = importlib.util.module_from_spec(_spec)
-sys.modules["toy_implicit_bias"] = toy  # dataclasses look their module up by name
-_spec.loader.exec_module(toy)
 
 HAM_ALPHA = 10.0
 HORST_LR = 0.01

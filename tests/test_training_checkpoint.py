@@ -1,4 +1,4 @@
-"""training.checkpoint: atomic writes, weights_only loads, RNG capture, resume lookup; DCP
+"""horst_sparse.training.checkpoint: atomic writes, weights_only loads, RNG capture, resume lookup; DCP
 folders of FSDP2-sharded models."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from training.checkpoint import (
+from horst_sparse.training.checkpoint import (
     CheckpointError,
     capture_rng_state,
     checkpoint_path,
@@ -23,7 +23,7 @@ from training.checkpoint import (
     step_checkpoint,
     training_state,
 )
-from training.schedule import build_lr_scheduler
+from horst_sparse.training.schedule import build_lr_scheduler
 
 
 def _draws(generator: torch.Generator) -> tuple:
@@ -181,9 +181,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from training.checkpoint import checkpoint_path, load_checkpoint, restore_training_state, save_checkpoint, training_state
-from training.distributed import init_distributed, is_sharded, parallelize
-from training.schedule import build_lr_scheduler
+from horst_sparse.training.checkpoint import checkpoint_path, load_checkpoint, restore_training_state, save_checkpoint, training_state
+from horst_sparse.training.distributed import init_distributed, is_sharded, parallelize
+from horst_sparse.training.schedule import build_lr_scheduler
 
 info = init_distributed("cpu")
 folder = Path(sys.argv[1])

@@ -9,8 +9,8 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from training.config import ConfigError
-from training.gpt2.config import register_configs, validate
+from horst_sparse.training.config import ConfigError
+from horst_sparse.gpt2.config import register_configs, validate
 
 CONFIGS = str(Path(__file__).resolve().parents[1] / "configs")
 register_configs()

@@ -1,4 +1,4 @@
-"""training.distributed: launcher discovery from torchrun / SLURM variables, and what
+"""horst_sparse.training.distributed: launcher discovery from torchrun / SLURM variables, and what
 `parallelize` and its helpers do in a single process (no process group; the 2-process
 ddp/fsdp2 runs are in test_gpt2_fsdp.py and test_training_checkpoint.py)."""
 
@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from training import distributed
-from training.distributed import DistInfo, gradient_sync, init_distributed, is_sharded, parallelize, unsharded
+from horst_sparse.training import distributed
+from horst_sparse.training.distributed import DistInfo, gradient_sync, init_distributed, is_sharded, parallelize, unsharded
 
 LAUNCH_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SUBMITIT_EXECUTOR")
 

@@ -1,4 +1,4 @@
-"""training.optim and training.schedule: param groups, every configs/optimizer/ file, warm-up + cosine."""
+"""horst_sparse.training.optim and horst_sparse.training.schedule: param groups, every configs/optimizer/ file, warm-up + cosine."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import torch
 from omegaconf import OmegaConf
 
 import horst
-from training.config import ConfigError
-from training.optim import build_optimizer, param_groups
-from training.schedule import build_lr_scheduler
+from horst_sparse.training.config import ConfigError
+from horst_sparse.training.optim import build_optimizer, param_groups
+from horst_sparse.training.schedule import build_lr_scheduler
 
 
 class Tiny(torch.nn.Module):
@@ -32,7 +32,7 @@ CLASSES = {"adamw": torch.optim.AdamW, "ham": horst.HAM, "horst": horst.HORST, "
 def optimizer_config(compose):
     """optimizer_config(kind, **kw): the real configs/optimizer/<kind>.yaml with `kw` changed, its
     `${tuned.*}` values resolved against the GPT-2 pipeline's composed tuned node."""
-    tuned = compose("train_gpt2", [])["tuned"]
+    tuned = compose("gpt2", [])["tuned"]
 
     def config(kind, **kw):
         node = OmegaConf.create({"tuned": tuned, "optimizer": OmegaConf.load(CONFIGS / f"{kind}.yaml")})

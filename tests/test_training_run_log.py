@@ -1,4 +1,4 @@
-"""training.run_log: JSONL metrics, summary, resolved config, W&B mode, resume truncation."""
+"""horst_sparse.training.run_log: JSONL metrics, summary, resolved config, W&B mode, resume truncation."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 
-from training.run_log import RunLogger, wandb_mode
+from horst_sparse.training.run_log import RunLogger, wandb_mode
 
 
 def _steps(run_dir):
@@ -83,7 +83,7 @@ def test_wandb_offline_run_is_created_and_continued_on_resume(tmp_path):
 
 
 def test_wandb_online_without_an_api_key_is_one_line_with_the_fix(tmp_path, monkeypatch):
-    from training.config import RunError
+    from horst_sparse.training.config import RunError
 
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.netrc, no wandb settings
@@ -97,7 +97,7 @@ def test_progress_in_a_log_file_is_plain_lines_with_the_postfix(capsys):
     the progress bar is one plain line per `set_postfix`, no `\\r` redraws."""
     import sys
 
-    from training.run_log import LogLines, progress_bar
+    from horst_sparse.training.run_log import LogLines, progress_bar
 
     assert not sys.stderr.isatty()
     bar = progress_bar(total=20, initial=10, desc="train")

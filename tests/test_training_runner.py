@@ -1,4 +1,4 @@
-"""training.runner: the non-finite guard, checkpoints that are never non-finite, the resume
+"""horst_sparse.training.runner: the non-finite guard, checkpoints that are never non-finite, the resume
 check that lists every changed setting."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from training.checkpoint import CheckpointError, checkpoint_path, save_checkpoint
-from training.config import ConfigError, RunError
-from training.runner import LOCK_FILE, NonFiniteLossError, Run, config_differences, release_run_folder
-from training.schedule import build_lr_scheduler
+from horst_sparse.training.checkpoint import CheckpointError, checkpoint_path, save_checkpoint
+from horst_sparse.training.config import ConfigError, RunError
+from horst_sparse.training.runner import LOCK_FILE, NonFiniteLossError, Run, config_differences, release_run_folder
+from horst_sparse.training.schedule import build_lr_scheduler
 
 
 def tiny_run(tmp_path, **changes) -> Run:
@@ -120,7 +120,7 @@ def test_resume_override_of_what_shapes_the_run_is_refused(tmp_path):
 
 def test_a_run_folder_has_one_live_writer(tmp_path):
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; from training.runner import lock_run_folder; "
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from horst_sparse.training.runner import lock_run_folder; "
          f"lock_run_folder(Path({str(tmp_path)!r})); print('locked', flush=True); time.sleep(60)"],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip

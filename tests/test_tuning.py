@@ -1,4 +1,4 @@
-"""Tuning as a feature (training/tuning.py, scripts/tune.py): quasi-random trials through
+"""Tuning as a feature (horst_sparse/study/tuning.py, scripts/tune.py): quasi-random trials through
 Hydra's multirun and hydra-optuna-sweeper, scored on the validation split only, the pick
 written where the next run reads it, and the equal-budget check a study calls.
 
@@ -18,10 +18,11 @@ import yaml
 from hydra import compose, initialize_config_dir
 
 from conftest import ROOT
-import training.vit.data
-from training import tuning
-from training.vit.config import register_configs
-from training.vit.data import DigitsDataset
+import horst_sparse.vit.data
+from horst_sparse.pipeline import get
+from horst_sparse.study import tuning
+from horst_sparse.vit.config import register_configs
+from horst_sparse.vit.data import DigitsDataset
 
 register_configs()
 TINY = ("train.epochs=4", "acdc.dense_warmup=1", "acdc.compressed=1", "acdc.decompressed=1", "acdc.final_decompressed=1",
@@ -63,14 +64,14 @@ def test_tuning_never_reads_the_test_split(tuned, tmp_path, monkeypatch):
     """With the test split poisoned, every trial scores exactly as before and the pick stays;
     the poison bites: the same model scored on the test split ranks near zero."""
     clean, _, _ = tuned
-    monkeypatch.setattr(training.vit.data, "DigitsDataset", PoisonedDigits)
+    monkeypatch.setattr(horst_sparse.vit.data, "DigitsDataset", PoisonedDigits)
     poisoned, configs, _ = _tune(tmp_path)
     assert poisoned["provenance"]["scores"] == clean["provenance"]["scores"]
     assert poisoned["provenance"]["pick"] == clean["provenance"]["pick"]
     assert (poisoned["base_lr"], poisoned["weight_decay"], poisoned["warmup_epochs"]) == (
         clean["base_lr"], clean["weight_decay"], clean["warmup_epochs"])  # fmt: skip
 
-    from training.vit.run import run
+    from horst_sparse.vit.run import run
 
     picked = [o for o in TINY if "interval" not in o]
     summary = run(_compose(configs, "optimizer=adamw", "eval_split=test", *picked), run_dir=tmp_path / "on_test")
@@ -159,12 +160,12 @@ def test_the_score_is_the_validation_metric_and_a_failure_scores_worst():
     """GPT-2: the geometric mean of the magnitude rows at 50-90 % (not the dense row, not
     Wanda's); a non-finite perplexity (null in summary.json) or a failed run scores worst; a
     summary of the test split is refused."""
-    assert tuning.validation_score("gpt2", _gpt2_summary(10.0, 20.0, 80.0)) == pytest.approx(40.0)
-    assert tuning.validation_score("gpt2", _gpt2_summary(10.0, None, 80.0)) == math.inf
-    assert tuning.validation_score("vit", {"status": "failed", "reason": "non-finite loss"}) == -math.inf
-    assert tuning.validation_score("vit", {"eval_split": "validation", "top1": 0.75}) == 0.75
+    assert tuning.validation_score(get("gpt2"), _gpt2_summary(10.0, 20.0, 80.0)) == pytest.approx(40.0)
+    assert tuning.validation_score(get("gpt2"), _gpt2_summary(10.0, None, 80.0)) == math.inf
+    assert tuning.validation_score(get("vit"), {"status": "failed", "reason": "non-finite loss"}) == -math.inf
+    assert tuning.validation_score(get("vit"), {"eval_split": "validation", "top1": 0.75}) == 0.75
     with pytest.raises(tuning.TuningError, match="scored on eval_split=test"):
-        tuning.validation_score("gpt2", _gpt2_summary(10.0, 20.0, 80.0, split="test"))
+        tuning.validation_score(get("gpt2"), _gpt2_summary(10.0, 20.0, 80.0, split="test"))
 
 
 SEARCH_SPACES = sorted(p.stem for p in (ROOT / "configs" / "hparams_search").glob("*.yaml"))
@@ -206,11 +207,8 @@ def test_a_dirty_tree_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
     assert len(tuning.require_clean_tree(tmp_path)) == 40
     (tmp_path / "a.txt").write_text("b\n")
     monkeypatch.setattr(tuning, "ROOT", tmp_path)
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    import tune
-
     with pytest.raises(SystemExit, match=r"^error: the git tree at .* has uncommitted changes \(M a.txt, \.\.\.\): commit or stash"):
-        tune.main(["vit", "adamw"])
+        tuning.main(["vit", "adamw"])
 
 
 def test_a_tuning_may_start_beside_the_other_arms_uncommitted_picks(tmp_path):

@@ -9,8 +9,8 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from training.config import ConfigError
-from training.vit.config import acdc_schedule, register_configs, scaled_lr, validate
+from horst_sparse.training.config import ConfigError
+from horst_sparse.vit.config import acdc_schedule, register_configs, scaled_lr, validate
 
 CONFIGS = str(Path(__file__).resolve().parents[1] / "configs")
 register_configs()

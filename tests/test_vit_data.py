@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from training.vit.data import (
+from horst_sparse.vit.data import (
     DataLayoutError,
     DigitsDataset,
     TrainLoader,
@@ -84,7 +84,7 @@ def test_malformed_root_is_one_line_error_naming_the_layout(imagenet_root, break
 
     with pytest.raises(DataLayoutError, match=message) as error:
         if breakage == "empty_class":
-            from training.vit.data import build_datasets
+            from horst_sparse.vit.data import build_datasets
 
             build_datasets({"name": "imagefolder", "root": root, "minival_size": 1}, TINY_AUG, img_size=12)
         else:
@@ -206,7 +206,7 @@ def _corrupt_jpeg(path) -> None:
 
 
 def test_a_corrupt_image_is_named_or_skipped_and_listed(imagenet_root, tmp_path):
-    from training.vit.data import CorruptImageError, build_datasets, skipped_images
+    from horst_sparse.vit.data import CorruptImageError, build_datasets, skipped_images
 
     bad = imagenet_root / "train" / "n01443537" / "broken.JPEG"  # minival_size 1 holds out an image of the other class
     _corrupt_jpeg(bad)
@@ -247,8 +247,8 @@ import os, signal, sys, time
 import multiprocessing
 import torch
 from torch.utils.data import TensorDataset
-from training.preemption import PreemptionGuard
-from training.vit.data import TrainLoader, eval_loader
+from horst_sparse.training.preemption import PreemptionGuard
+from horst_sparse.vit.data import TrainLoader, eval_loader
 
 if __name__ == "__main__":
     multiprocessing.set_start_method(sys.argv[1], force=True)
@@ -293,7 +293,7 @@ def _imagefolder(root, order=1) -> None:
 
 
 def test_minival_is_a_fixed_list_of_training_images_and_test_is_val(tmp_path):
-    from training.vit.data import build_datasets
+    from horst_sparse.vit.data import build_datasets
 
     _imagefolder(tmp_path / "a")
     _imagefolder(tmp_path / "b", order=-1)  # another copy, written in another order
@@ -317,7 +317,7 @@ def test_minival_is_a_fixed_list_of_training_images_and_test_is_val(tmp_path):
 
 
 def test_a_split_the_data_does_not_have_is_one_line():
-    from training.vit.data import build_datasets
+    from horst_sparse.vit.data import build_datasets
 
     digits = {"name": "digits", "val_fraction": 0.2, "test_fraction": None}
     with pytest.raises(DataLayoutError, match="eval_split=test, but data.name=digits has no test split") as error:
@@ -330,7 +330,7 @@ def test_mnist1d_is_generated_offline_with_the_published_defaults_split_and_cach
     import requests
     from mnist1d.data import get_dataset_args
 
-    from training.vit.data import Mnist1DDataset, mnist1d_examples
+    from horst_sparse.vit.data import Mnist1DDataset, mnist1d_examples
 
     def no_download(*args, **kwargs):
         raise AssertionError("MNIST-1D must be generated, never downloaded")
@@ -365,11 +365,11 @@ def test_a_tiny_mnist1d_run_reports_on_the_split_eval_split_says(tmp_path):
     final model's on the test split, every epoch's on validation."""
     from hydra import compose, initialize_config_dir
 
-    from training.checkpoint import latest_checkpoint, load_checkpoint
-    from training.vit.config import register_configs
-    from training.vit.data import Mnist1DDataset
-    from training.vit.model import build_model, evaluate
-    from training.vit.run import run
+    from horst_sparse.training.checkpoint import latest_checkpoint, load_checkpoint
+    from horst_sparse.vit.config import register_configs
+    from horst_sparse.vit.data import Mnist1DDataset
+    from horst_sparse.vit.model import build_model, evaluate
+    from horst_sparse.vit.run import run
 
     overrides = [
         "vit_recipe=mnist1d", f"data.root={tmp_path / 'cache'}", "data.num_samples=300", "eval_split=test",

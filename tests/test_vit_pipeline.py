@@ -13,13 +13,13 @@ import torch
 from PIL import Image
 
 import pruning
-import training.vit.run as vit_run_module
+import horst_sparse.vit.run as vit_run_module
 from conftest import CLASSES, QUIET_ENV, ROOT, _compose, _load_entry_point, deit_overrides, read_records
-from training import runner
-from training.config import ConfigError
-from training.runner import NON_FINITE_EXIT_CODE
-from training.vit.config import validate
-from training.vit.run import run
+from horst_sparse.training import runner
+from horst_sparse.training.config import ConfigError
+from horst_sparse.training.runner import NON_FINITE_EXIT_CODE
+from horst_sparse.vit.config import validate
+from horst_sparse.vit.run import run
 
 pytestmark = pytest.mark.usefixtures("quiet_env")
 
@@ -144,7 +144,7 @@ def test_resume_mid_compressed_phase_matches_uninterrupted_run(deit_run, imagene
     with pytest.raises(Interrupted):
         run(_compose(overrides), run_dir=run_dir)
     monkeypatch.setattr(runner, "save_checkpoint", save_checkpoint)
-    from training.checkpoint import load_checkpoint
+    from horst_sparse.training.checkpoint import load_checkpoint
 
     interrupted_at = load_checkpoint(run_dir / "ckpt_00000006.pt")
     assert interrupted_at["epoch"] == 2 and interrupted_at["batch"] == 0 and interrupted_at["masks"]["masks"]
@@ -172,7 +172,7 @@ def test_gradient_accumulation_gives_the_update_of_the_whole_batch(imagenet_root
     """train.accum_steps=2 (two passes of 4 images, Mixup/CutMix over the whole 8) trains the
     weights of one pass of 8, to float rounding (no drop path: it draws per pass). SGD: its
     update is linear in the gradient, so a gradient off by the factor 2 would show."""
-    from training.checkpoint import latest_checkpoint, load_checkpoint
+    from horst_sparse.training.checkpoint import latest_checkpoint, load_checkpoint
 
     weights, losses = {}, {}
     for accum in (1, 2):
@@ -286,7 +286,7 @@ def test_a_corrupt_image_is_one_line_naming_it_or_skipped_and_counted(imagenet_r
 
 def test_acdc_with_two_of_four_masks_keeps_two_of_every_four_inputs(imagenet_root, tmp_path):
     summary = run(_compose(deit_overrides(imagenet_root, "acdc.pattern=2:4", "acdc.sparsity=0.5")), run_dir=tmp_path / "run")
-    from training.checkpoint import latest_checkpoint, load_checkpoint
+    from horst_sparse.training.checkpoint import latest_checkpoint, load_checkpoint
 
     weights = load_checkpoint(latest_checkpoint(tmp_path / "run"))["model"]
     for name in ("blocks.0.attn.qkv.weight", "blocks.1.mlp.fc2.weight"):  # timm Linear: [out, in]

@@ -1,6 +1,6 @@
 """SLURM's pre-timeout signal in the ViT pipeline: the run checkpoints mid-epoch, exits for
 requeue, and the requeued run continues that epoch from the next batch with no lost or
-repeated step (training/preemption.py; the skipping itself: tests/test_vit_data.py)."""
+repeated step (horst_sparse/training/preemption.py; the skipping itself: tests/test_vit_data.py)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ import torch
 
 import pruning
 from conftest import QUIET_ENV, ROOT, _compose, deit_overrides, logged_steps, read_records
-from training.checkpoint import CheckpointError, load_checkpoint
-from training.preemption import PREEMPTED_EXIT_CODE
-from training.vit.run import run
+from horst_sparse.training.checkpoint import CheckpointError, load_checkpoint
+from horst_sparse.training.preemption import PREEMPTED_EXIT_CODE
+from horst_sparse.vit.run import run
 
 pytestmark = pytest.mark.usefixtures("quiet_env")
 

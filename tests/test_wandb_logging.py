@@ -1,39 +1,94 @@
 """What a run logs to Weights & Biases, read back from the offline run's own transaction log
-(`run-<id>.wandb`) with wandb's reader (`wandb.sdk.internal.datastore` and its protobuf
-records): name, group, job type, tags, namespaced numeric metrics, the epoch axis, the
-one-shot table and plot, histograms, and the results artifact."""
+(`run-<id>.wandb`, scanned here and parsed with wandb's own protobuf records): name, group,
+job type, tags, namespaced numeric metrics, the epoch axis, the one-shot table and plot,
+histograms, and the results artifact."""
 
 from __future__ import annotations
 
 import json
+import struct
+import time
+import zlib
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
 from conftest import _compose, _load_entry_point, compose_cfg, deit_overrides, tiny_overrides
-from training.gpt2.run import run as gpt2_run
-from training.vit.run import run as vit_run
+from horst_sparse.gpt2.run import run as gpt2_run
+from horst_sparse.vit.run import run as vit_run
 
 pytestmark = pytest.mark.usefixtures("quiet_env", "quiet_single_threaded")
 
 NAMESPACES = ("train/", "val/", "prune/", "sparsity/", "perf/", "weights/")
 
 
-def read_wandb_run(run_dir: Path) -> dict:
-    """The records of the offline run in `run_dir`, by type, as wandb itself stores them."""
+# The transaction log's framing (wandb-core writes it; checked with wandb 0.29 and 0.31): LevelDB's
+# log format (github.com/google/leveldb/blob/main/doc/log_format.md) after a 7-byte header,
+# with zlib's CRC-32 seeded by the chunk type instead of CRC-32C. wandb has no public reader:
+# `wandb.sdk.internal.datastore`, the Python one, went in 0.30, and `wandb leet inspect --json`
+# (wandb-core's, 0.31 on) is a CLI that older versions lack, so the framing is read here and the
+# records are parsed with `wandb.proto.wandb_internal_pb2`, the records' schema in every version.
+WANDB_LOG_HEADER = struct.pack("<4sHB", b":W&B", 0xBEE1, 0)  # ident, magic, version 0
+WANDB_LOG_BLOCK, WANDB_LOG_CHUNK_HEADER = 32768, 7  # chunk: crc32 (u32), length (u16), type (u8)
+FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
+
+
+def scan_wandb_log(raw: bytes) -> tuple[list[bytes], bool]:
+    """The serialized records of a transaction log, and whether it ends on a whole record
+    (a log still being written may stop anywhere)."""
+    assert raw.startswith(WANDB_LOG_HEADER), "not a version-0 W&B transaction log"
+    records, pending, position = [], None, len(WANDB_LOG_HEADER)
+    while position < len(raw):
+        left = WANDB_LOG_BLOCK - position % WANDB_LOG_BLOCK
+        if left < WANDB_LOG_CHUNK_HEADER:  # a block's tail too short for a chunk is zero padding
+            assert not any(raw[position : position + left]), f"invalid padding at byte {position}"
+            position += left
+            continue
+        if position + WANDB_LOG_CHUNK_HEADER > len(raw):
+            break
+        checksum, length, kind = struct.unpack_from("<IHB", raw, position)
+        data = raw[position + WANDB_LOG_CHUNK_HEADER : position + WANDB_LOG_CHUNK_HEADER + length]
+        if len(data) < length:
+            break
+        assert checksum == zlib.crc32(data, zlib.crc32(bytes([kind]))), f"corrupt chunk at byte {position}"
+        position += WANDB_LOG_CHUNK_HEADER + length
+        if kind == FULL and pending is None:
+            records.append(data)
+        elif kind == FIRST and pending is None:
+            pending = data
+        elif kind in (MIDDLE, LAST) and pending is not None:
+            pending += data
+            if kind == LAST:
+                records.append(pending)
+                pending = None
+        else:
+            raise AssertionError(f"unexpected chunk type {kind} at byte {position}")
+    return records, pending is None and position >= len(raw)
+
+
+def read_wandb_run(run_dir: Path, timeout: float = 60.0) -> dict:
+    """The records of the offline run in `run_dir`, by type, as wandb itself stores them.
+
+    Offline, `run.finish()` returns before wandb-core has written the log's last block (seen
+    with wandb 0.29 and 0.31): the log is read until it is whole and has its exit record, the
+    last one wandb writes."""
     from wandb.proto import wandb_internal_pb2
-    from wandb.sdk.internal import datastore
 
     (path,) = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
-    store = datastore.DataStore()
-    store.open_for_scan(str(path))
-    records = defaultdict(list)
-    while (data := store.scan_data()) is not None:
-        record = wandb_internal_pb2.Record()
-        record.ParseFromString(data)
-        kind = record.WhichOneof("record_type")
-        records[kind].append(getattr(record, kind))
+    deadline = time.monotonic() + timeout
+    while True:
+        chunks, whole = scan_wandb_log(path.read_bytes())
+        records = defaultdict(list)
+        for data in chunks:
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(data)
+            kind = record.WhichOneof("record_type")
+            records[kind].append(getattr(record, kind))
+        if whole and records["exit"]:
+            break
+        assert time.monotonic() < deadline, f"{path} has no exit record {timeout:.0f} s after the run finished"
+        time.sleep(0.05)
     history = [{item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in h.item} for h in records["history"]]
     return {"run": records["run"][0], "history": history, "metric": records["metric"], "artifact": records["artifact"],
             "exit": records["exit"]}  # fmt: skip
@@ -128,7 +183,7 @@ def test_an_offline_run_continued_after_an_interruption_is_one_offline_folder_wi
     """W&B cannot append to an offline run: the continued run's folder gets the whole log
     (replayed from metrics.jsonl), the interrupted run's folder goes, and `wandb sync` of the
     one folder printed at the end uploads what an uninterrupted run would have."""
-    from training import runner
+    from horst_sparse.training import runner
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.delenv("WANDB_SILENT", raising=False)  # W&B's own warnings must show, if any

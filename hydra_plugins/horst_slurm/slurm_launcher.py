@@ -7,7 +7,7 @@
   such job, leaving the others running and recording nothing.)
 * `wait: false` submits and returns once the jobs are queued.
 * `<sweep dir>/jobs.json` names each cell's SLURM job and run folder, for
-  `scripts/sweep_status.py` (each cell's state; collects the finished ones).
+  `horst-sweep-status` (each cell's state; collects the finished ones).
 * One task per GPU (`tasks_per_node: ${.gpus_per_node}` in the presets); a CPU job
   (`gpus_per_node=0`) is one task and asks for no GPU.
 """
@@ -35,7 +35,7 @@ JOBS_FILE = "jobs.json"
 @dataclass
 class HorstSlurmQueueConf(SlurmQueueConf):
     _target_: str = "hydra_plugins.horst_slurm.slurm_launcher.SlurmLauncher"
-    # false: return once the jobs are queued (`python scripts/sweep_status.py <sweep dir>` follows them)
+    # false: return once the jobs are queued (`horst-sweep-status <sweep dir>` follows them)
     wait: bool = True
 
 
@@ -103,7 +103,7 @@ class SlurmLauncher(SubmititSlurmLauncher):
         jobs = executor.map_array(self, *zip(*arguments))
         self._write_jobs_file(sweep_dir, folder, indices, job_overrides, cells, jobs)
         print(f"submitted {len(jobs)} cell(s) as SLURM job {jobs[0].job_id.split('_')[0]}; their state: "
-              f"python scripts/sweep_status.py {sweep_dir}", file=sys.stderr)  # fmt: skip
+              f"horst-sweep-status {sweep_dir}", file=sys.stderr)  # fmt: skip
         if not self.wait:
             return [self._job_return(o, {"status": "submitted", "slurm_job_id": j.job_id})
                     for o, j in zip(job_overrides, jobs)]  # fmt: skip
@@ -117,8 +117,8 @@ class SlurmLauncher(SubmititSlurmLauncher):
             {"num": i, "slurm_job_id": job.job_id, "run_dir": str(run_dir), "overrides": list(overrides), "config": config}
             for i, overrides, (run_dir, config), job in zip(indices, job_overrides, cells, jobs)
         ]  # fmt: skip
-        pipeline = self.config.hydra.job.config_name.removeprefix("train_")
-        path.write_text(json.dumps({"pipeline": pipeline, "submitit_folder": folder, "cells": previous + new}, indent=1))
+        path.write_text(json.dumps({"pipeline": self.config.pipeline, "submitit_folder": folder, "cells": previous + new},
+                                   indent=1))  # fmt: skip
 
     @staticmethod
     def _job_return(overrides: Sequence[str], value: Any) -> JobReturn:
@@ -130,7 +130,7 @@ class SlurmLauncher(SubmititSlurmLauncher):
         """The cell's result; a job SLURM ended becomes a failed cell (`failed.json`)."""
         from submitit.core.utils import UncompletedJobError
 
-        from training.runner import record_failed_cell
+        from horst_sparse.training.runner import record_failed_cell
 
         try:
             return self._job_return(overrides, job.results()[0])
@@ -139,7 +139,7 @@ class SlurmLauncher(SubmititSlurmLauncher):
             message = " ".join(str(error).strip().splitlines()[:2])  # which job, and what submitit saw
             reason = f"SLURM job {job.job_id} ended {state}: {message}"
             record = record_failed_cell(
-                run_dir, pipeline=self.config.hydra.job.config_name.removeprefix("train_"), reason=reason,
+                run_dir, pipeline=self.config.pipeline, reason=reason,
                 exit_code=None, step=None, config=config, slurm_job_id=job.job_id, slurm_state=state,
             )  # fmt: skip
             print(f"error: cell {run_dir.name} failed ({reason}); recorded in {run_dir / 'failed.json'}", file=sys.stderr)

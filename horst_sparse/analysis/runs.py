@@ -1,0 +1,261 @@
+"""Runs into one tidy frame: a row per run x metric x (method, pattern, sparsity).
+
+Two sources give the same frame. Run folders (`config.yaml`, then `summary.json` when the run
+finished or `failed.json` when it failed, as `horst_sparse.training.run_log` writes them) give every column,
+the run's config flattened into `config.<dotted key>` columns included. A study's record,
+`runs.csv` (`write_record`), keeps the identity and numbers of each row without the config
+columns: run folders need not outlive the machine they ran on, the record is committed.
+
+Columns: `run` (its folder), `pipeline`, `data`, `model`, `arm` (the study's label the run
+recorded; runs from before `arm` existed: the optimizer, `_sm` for HORST's order "sm"),
+`optimizer` (the class that ran, checked against the name it recorded), `seed`, `eval_split`
+(the split its numbers are measured on), `git_commit`, `signature` (a hash of the config
+without the seed, the label, the table's column keys and `horst_sparse.training.no_effect.NO_EFFECT`:
+runs with one signature are the seeds of one cell), `metric` (`top1` in %, `ppl`), `method`
+(`acdc`; GPT-2: `none` for the dense model, `magnitude`, `wanda`), `pattern`, `sparsity`,
+`value` (NaN where the run diverged), `wall_time_s`, and where the run recorded them, the machine
+it ran on: `host`, `cpu` and `cpu_threads` (torch's intra-op threads).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from horst_sparse.analysis.tables import write_csv
+from horst_sparse.paths import CONFIGS
+from horst_sparse.training.no_effect import no_effect
+
+SUMMARY, FAILED, CONFIG = "summary.json", "failed.json", "config.yaml"
+ARMS = CONFIGS / "arm"
+# Not in a signature besides NO_EFFECT: the replicate, the label, the table's column keys.
+NOT_SIGNATURE = ("seed", "arm", "acdc.sparsity", "prune")
+UNRECORDED = "unrecorded"  # the signature of a record row whose run's config was not recorded
+RECORD_COLUMNS = ["run", "pipeline", "data", "model", "arm", "optimizer", "seed", "eval_split", "git_commit",
+                  "signature", "metric", "method", "pattern", "sparsity", "value", "wall_time_s"]  # fmt: skip
+# summary.json's environment; empty in records from before it (and `cpu` was the architecture only)
+MACHINE_COLUMNS = ["host", "cpu", "cpu_capability", "cpu_threads", "gpu"]
+
+
+class NoRunsError(RuntimeError):
+    pass
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}; lists become tuples (hashable, comparable)."""
+    if isinstance(value, dict) and (value or not prefix):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out |= flatten(item, f"{prefix}.{key}" if prefix else str(key))
+        return out
+    return {prefix: tuple(value) if isinstance(value, list) else value}
+
+
+def signature(config: dict[str, Any]) -> dict[str, Any]:
+    """The flattened config minus what changes no number and what tells the seeds of a cell apart."""
+    return {k: v for k, v in flatten(config).items()
+            if not no_effect(k) and not any(k == p or k.startswith(p + ".") for p in NOT_SIGNATURE)}  # fmt: skip
+
+
+def signature_hash(config: dict[str, Any]) -> str:
+    text = json.dumps(sorted(signature(config).items()), default=repr)
+    return hashlib.sha1(text.encode()).hexdigest()[:10]
+
+
+def optimizer_label(node: dict[str, Any]) -> str:
+    """The optimizer's recorded name, refused (ValueError) where it is not the class that ran:
+    `name` is the class's name in lower case, underscores aside (horst_sparse/training/optim.py)."""
+    name, target = str(node.get("name")), str(node.get("_target_", ""))
+    cls = target.rsplit(".", 1)[-1]
+    if target and name.replace("_", "").lower() != cls.lower():
+        raise ValueError(f"records optimizer.name={name} but ran {target}")
+    return name
+
+
+def arm_label(config: dict[str, Any], arms: Path = ARMS) -> str:
+    """The arm the run recorded, checked against `configs/arm/<arm>.yaml` where it exists (its
+    optimizer and its literal optimizer values); runs from before arms: the optimizer, `_sm` for
+    HORST's order "sm"."""
+    optimizer = config.get("optimizer", {})
+    name = optimizer_label(optimizer)
+    arm = config.get("arm")
+    if arm is None:
+        return name + ("_sm" if optimizer.get("order", "ms") != "ms" else "")
+    file = arms / f"{arm}.yaml"
+    if file.is_file():
+        spec = yaml.safe_load(file.read_text()) or {}
+        chosen = [d["override /optimizer"] for d in spec.get("defaults", []) if isinstance(d, dict) and "override /optimizer" in d]
+        wrong = [f"optimizer {name} (the arm's is {chosen[0]})"] if chosen and chosen[0] != name else []
+        recorded = flatten(optimizer)
+        wrong += [f"optimizer.{k}={recorded.get(k)} (the arm sets {v})" for k, v in flatten(spec.get("optimizer", {})).items()
+                  if not (isinstance(v, str) and "${" in v) and recorded.get(k) != v]  # fmt: skip
+        if wrong:
+            raise ValueError(f"records arm={arm} but ran {'; '.join(wrong)}")
+    return str(arm)
+
+
+def _model(pipeline: str, model: dict[str, Any]) -> str:
+    return str(model.get("name") or model.get("preset") or model.get("timm_name") or pipeline)
+
+
+def _values(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """(metric, method, pattern, sparsity, value) of a run's numbers, as its pipeline wrote them
+    into summary.json (a failed run's failed.json: value None, counted as diverged)."""
+    if "numbers" in record:
+        return [{**row, "sparsity": float(row["sparsity"]), "value": math.nan if row["value"] is None else float(row["value"])}
+                for row in record["numbers"]]  # fmt: skip
+    raise ValueError("no `numbers` (written before 2026-12-02, when each pipeline began to record them): "
+                     "its numbers are in a study's runs.csv, or rerun it")
+
+
+SMALL_WEIGHT = 1e-3  # `weights_below_1e-3`: the share of prunable weights with |w| below this
+
+
+def weight_histogram(folder: Path) -> tuple[list[float], list[float], str] | None:
+    """(counts, edges, where from) of log10|w| over a run's non-zero prunable weights, or None:
+    `weight_histogram.json` (GPT-2, after training), else the last histogram that
+    `metrics.jsonl` (ViT: one per epoch) took with the model dense, i.e. before AC/DC's final
+    pruning (the final sparse model keeps only the largest weights, whose shape says little)."""
+    file = folder / "weight_histogram.json"
+    if file.is_file():
+        data = json.loads(file.read_text())
+        return data["counts"], data["edges"], file.name
+    metrics = folder / "metrics.jsonl"
+    if not metrics.is_file():
+        return None
+    histograms, phases = [], {}
+    for line in metrics.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # a line cut short by a kill
+            continue
+        if "weights/log10_abs_counts" in record:
+            histograms.append(record)
+        if "val/phase" in record:
+            phases[record["step"]] = record["val/phase"]
+    dense = [h for h in histograms if phases.get(h["step"]) in ("dense", "decompressed")]
+    if not histograms:
+        return None
+    chosen = (dense or histograms)[-1]
+    where = f"metrics.jsonl, epoch {chosen.get('epoch', '?')} ({phases.get(chosen['step'], 'phase unknown')})"
+    return chosen["weights/log10_abs_counts"], chosen["weights/log10_abs_edges"], where
+
+
+def _weight_values(folder: Path) -> list[dict[str, Any]]:
+    """GPT-2's trained weights as two numbers (claim 3): median log10|w| and the % below SMALL_WEIGHT."""
+    if not (folder / "weight_histogram.json").is_file():
+        return []
+    counts, edges, _ = weight_histogram(folder)
+    cumulative = np.concatenate([[0.0], np.cumsum(counts)]) / np.sum(counts)
+    median = float(np.interp(0.5, cumulative, edges))
+    below = 100.0 * float(np.interp(math.log10(SMALL_WEIGHT), edges, cumulative))
+    dense = {"method": "none", "pattern": "dense", "sparsity": 0.0}
+    return [{"metric": "weights_median_log10", **dense, "value": median},
+            {"metric": "weights_below_1e-3", **dense, "value": below}]  # fmt: skip
+
+
+@dataclass
+class Found:
+    """What a scan of run folders found: the tidy frame of finished runs, and every folder left out with why."""
+
+    frame: pd.DataFrame
+    left_out: list[str] = field(default_factory=list)  # `folder: why`
+    folders: dict[str, Path] = field(default_factory=dict)  # run -> its folder
+
+
+def _read(path: Path) -> Any:
+    text = path.read_text()
+    return yaml.safe_load(text) if path.suffix == ".yaml" else json.loads(text)
+
+
+def _shown(path: Path, base: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(base.resolve()))
+    except ValueError:
+        return str(path)
+
+
+def scan(dirs: Sequence[str | Path], *, base: Path | None = None, arms: Path = ARMS) -> Found:
+    """Every run folder below `dirs` (hidden folders, Hydra's `.hydra/` and submitit's, aside);
+    arms are checked against their files in `arms`."""
+    base = base or Path.cwd()
+    missing = [str(d) for d in dirs if not Path(d).is_dir()]
+    if missing:
+        raise NoRunsError(f"no such folder: {', '.join(missing)}")
+    folders = sorted({p.parent for d in dirs for name in (SUMMARY, FAILED, CONFIG) for p in Path(d).rglob(name)
+                      if not any(part.startswith(".") for part in p.relative_to(d).parts[:-1])})  # fmt: skip
+    rows: list[dict[str, Any]] = []
+    found = Found(pd.DataFrame())
+    for folder in folders:
+        run = _shown(folder, base)
+        try:
+            config = _read(folder / CONFIG) if (folder / CONFIG).is_file() else None
+            if (folder / FAILED).is_file():  # its numbers count as diverged: a cell says so, a sweep ranks it worst
+                summary = _read(folder / FAILED)
+                config = summary.get("config") or config
+                reason = str(summary.get("reason") or "?").splitlines()[0]
+                found.left_out.append(f"{run}: failed (exit code {summary.get('exit_code')}: {reason}); counted as diverged")
+                values = _values(summary)
+            elif (folder / SUMMARY).is_file():
+                summary = _read(folder / SUMMARY)
+                values = _values(summary) + _weight_values(folder)
+            else:
+                found.left_out.append(f"{run}: unfinished ({CONFIG} but no {SUMMARY}: running, killed or preempted)")
+                continue
+            if not isinstance(config, dict):
+                found.left_out.append(f"{run}: no {CONFIG} (the record of what ran)")
+                continue
+            identity = {
+                "run": run, "pipeline": summary["pipeline"], "data": str(config.get("data", {}).get("name")),
+                "model": _model(summary["pipeline"], config.get("model", {})), "arm": arm_label(config, arms),
+                "optimizer": optimizer_label(config.get("optimizer", {})), "seed": config.get("seed"),
+                "eval_split": summary.get("eval_split", config.get("eval_split", "validation")),
+                "git_commit": summary.get("git_commit"), "signature": signature_hash(config),
+                "wall_time_s": summary.get("wall_time_s"),
+                **{key: (summary.get("environment") or {}).get(key) for key in MACHINE_COLUMNS},
+            }  # fmt: skip
+        except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError) as error:
+            found.left_out.append(f"{run}: {error}")
+            continue
+        columns = {f"config.{k}": v for k, v in signature(config).items()}
+        rows += [{**identity, **value, **columns} for value in values]
+        found.folders[run] = folder
+    found.frame = pd.DataFrame.from_records(rows)
+    for line in found.left_out:
+        print(f"note: left out {line}", file=sys.stderr)
+    return found
+
+
+def read_runs(dirs: Sequence[str | Path]) -> Found:
+    """`scan`, with an error naming what to pass where no run finished."""
+    found = scan(dirs)
+    if found.frame.empty:
+        raise NoRunsError(f"no finished run (a folder with {SUMMARY} and {CONFIG}) under {', '.join(map(str, dirs))}"
+                          + "".join(f"; {why}" for why in found.left_out[:5]))  # fmt: skip
+    return found
+
+
+def write_record(frame: pd.DataFrame, path: Path) -> None:
+    """The study's record: the frame without its config columns, one line per run x number."""
+    columns = RECORD_COLUMNS + [c for c in MACHINE_COLUMNS if c in frame]
+    write_csv(frame[columns].sort_values(["pipeline", "arm", "sparsity", "seed", "metric", "method", "pattern"],
+                                         kind="stable"), path)  # fmt: skip
+
+
+def read_record(paths: Iterable[str | Path]) -> pd.DataFrame:
+    """Record files (`write_record`) into one frame; a run in two of them counts once."""
+    frames = [pd.read_csv(p, keep_default_na=True, dtype={"git_commit": str, "signature": str}) for p in paths]
+    frame = pd.concat(frames, ignore_index=True).drop_duplicates(["run", "metric", "method", "pattern", "sparsity"])
+    missing = [c for c in RECORD_COLUMNS if c not in frame]
+    if missing:
+        raise NoRunsError(f"{', '.join(map(str, paths))}: not a study record (no column {', '.join(missing)})")
+    return frame.reindex(columns=[*frame.columns, *(c for c in MACHINE_COLUMNS if c not in frame)]).reset_index(drop=True)

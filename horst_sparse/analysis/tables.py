@@ -1,0 +1,146 @@
+"""Cells and their text: the one place a number is aggregated and the one place it is rounded.
+
+A cell is every run of one (pipeline, data, model, arm, signature, split) at one (metric,
+method, pattern, sparsity): its seeds. Shown as `mean ± sample std` (one run: its value, no
+"± 0"); `n` counts the runs; a run whose number is not finite counts in `[diverged k]`. The
+CSV files keep SIGNIFICANT_DIGITS significant digits (`write_csv`); markdown and LaTeX round each
+number to its metric's decimals, here.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from horst_sparse.analysis.claims import pct
+from horst_sparse.analysis.stats import spread
+
+# What every results file keeps of a number. numpy and scipy take other SIMD paths on other CPUs
+# (AVX2, AVX512, NEON) and move the 16th-17th significant digit of a mean or an interval bound;
+# ten digits are far below any spread a study measures and come out the same on every CPU.
+SIGNIFICANT_DIGITS = 10
+
+
+def significant(values: pd.Series) -> pd.Series:
+    """The numbers as a results file keeps them (SIGNIFICANT_DIGITS significant digits)."""
+    return values.map(lambda v: float(f"{v:.{SIGNIFICANT_DIGITS}g}"))
+
+
+def write_csv(frame: pd.DataFrame, path: Path) -> None:
+    """Every CSV of the results layer: the same rule for every number (SIGNIFICANT_DIGITS)."""
+    frame.to_csv(path, index=False, float_format=f"%.{SIGNIFICANT_DIGITS}g")
+
+
+CELL_KEYS = ["pipeline", "data", "model", "arm", "signature", "eval_split", "metric", "method", "pattern", "sparsity"]
+DECIMALS = {"top1": 2, "ppl": 2, "weights_median_log10": 3, "weights_below_1e-3": 2}
+METRIC_TITLES = {
+    "top1": "top-1 accuracy (%) of the final model",
+    "ppl": "perplexity after one-shot pruning (no retraining)",
+}
+# Claim 3's statistics of the trained weights: claims.md reports them, the tables do not.
+WEIGHT_METRICS = ("weights_median_log10", "weights_below_1e-3")
+ARM_ORDER = ("adamw", "ham", "horst", "horst_prunable", "horst_sm", "horst_beta0", "horst_mirror_off",
+             "adamw_decay")  # fmt: skip
+
+
+def title(pipeline: str, metric: str) -> str:
+    """A table's title: `vit: top-1 accuracy (%) of the final model`."""
+    return f"{pipeline}: {METRIC_TITLES.get(metric, metric)}"
+
+
+def number(value: float, decimals: int) -> str:
+    return "–" if value is None or not math.isfinite(value) else f"{value:.{decimals}f}"
+
+
+def signed(value: float, decimals: int) -> str:
+    return "–" if not math.isfinite(value) else f"{value:+.{decimals}f}"
+
+
+def estimate_text(row: Any) -> str:
+    """An endpoint's or a comparison's estimate and interval: `+1.02 [+0.55, +1.49]`,
+    `×0.912 [0.884, 0.941]`; one pair: `+1.02 (n=1, no interval)`."""
+    d = row.decimals
+    if row.ratio:
+        mean, bounds = f"×{math.exp(row.estimate):.{d}f}", f"[{math.exp(row.low):.{d}f}, {math.exp(row.high):.{d}f}]"
+    else:
+        mean, bounds = signed(row.estimate, d), f"[{signed(row.low, d)}, {signed(row.high, d)}]"
+    if not math.isfinite(row.estimate):
+        return "no pair"
+    return f"{mean} {bounds}" if row.n > 1 else f"{mean} (n={row.n}, no interval)"
+
+
+def p_text(p: float) -> str:
+    return "–" if not math.isfinite(p) else "< 0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def column_label(method: str, pattern: str, sparsity: float) -> str:
+    """`90 %`, `dense`, `wanda 50 %`, `magnitude 2:4`: the paper's protocol (AC/DC, magnitude
+    unstructured) by its sparsity alone."""
+    if pattern == "dense" or method in ("acdc",) and pattern == "unstructured" or (method, pattern) == ("magnitude", "unstructured"):
+        return pct(sparsity)
+    return f"{method} {pct(sparsity) if pattern == 'unstructured' else pattern}"
+
+
+def cells(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per cell: mean, std, n, diverged, seeds, runs."""
+    grouped = frame.groupby(CELL_KEYS, sort=False, dropna=False)
+    # Joined on the cell keys, not placed by position: unstack() sorts the cells, apply() does not.
+    stats = grouped["value"].apply(spread).unstack().join(grouped.agg(
+        seeds=("seed", lambda s: ";".join(map(str, sorted(s)))), runs=("run", ";".join))).reset_index()  # fmt: skip
+    stats[["n", "diverged"]] = stats[["n", "diverged"]].astype(int)
+    return order(stats)
+
+
+def order(frame: pd.DataFrame) -> pd.DataFrame:
+    rank = frame["arm"].map(lambda a: ARM_ORDER.index(a) if a in ARM_ORDER else len(ARM_ORDER))
+    method = frame["method"].map({"none": 0, "acdc": 1, "magnitude": 1, "wanda": 2}).fillna(3)
+    return (frame.assign(_rank=rank, _method=method, _dense=frame["pattern"] != "unstructured")
+            .sort_values(["pipeline", "data", "model", "_rank", "arm", "signature", "_method", "_dense", "sparsity"], kind="stable")
+            .drop(columns=["_rank", "_method", "_dense"]).reset_index(drop=True))  # fmt: skip
+
+
+def cell_text(row: Any, decimals: int, pm: str = "±") -> str:
+    text = ("–" if row.n == 0 else number(row.mean, decimals) if row.n == 1
+            else f"{number(row.mean, decimals)} {pm} {number(row.std, decimals)}")  # fmt: skip
+    return text + (f" [diverged {row.diverged}]" if row.diverged else "")
+
+
+def wide(table: pd.DataFrame, *, pm: str = "±") -> pd.DataFrame:
+    """One metric's cells as rows (data, model, arm[, setting]) x columns, then `n`."""
+    decimals = DECIMALS.get(table["metric"].iloc[0], 2)
+    table = table.assign(column=[column_label(*k) for k in zip(table.method, table.pattern, table.sparsity)],
+                         text=[cell_text(r, decimals, pm) for r in table.itertuples()])  # fmt: skip
+    several = table.groupby(["data", "model", "arm"])["signature"].nunique().max() > 1
+    index = ["data", "model", "arm"] + (["signature"] if several else [])
+    columns = list(dict.fromkeys(table["column"]))
+    rows = list(dict.fromkeys(map(tuple, table[index].itertuples(index=False))))
+    text = table.pivot_table(index=index, columns="column", values="text", aggfunc="first").reindex(rows)[columns]
+    counts = table.pivot_table(index=index, columns="column", values="n", aggfunc="first").reindex(rows)[columns]
+    text["n"] = [",".join(str(int(n)) for n in dict.fromkeys(r.dropna())) for _, r in counts.iterrows()]
+    return text.fillna("–").reset_index().rename(columns={"signature": "setting"})
+
+
+def label_columns(wide: pd.DataFrame) -> int:
+    """How many of `wide`'s first columns are labels, not numbers."""
+    return len([c for c in wide.columns if c in ("data", "model", "arm", "setting")])
+
+
+def markdown(frame: pd.DataFrame, right: int | None = None) -> str:
+    """A pipe table; the last `right` columns right-aligned (default: all but the first)."""
+    right = len(frame.columns) - 1 if right is None else right
+    left = len(frame.columns) - right
+    lines = ["| " + " | ".join(map(str, frame.columns)) + " |", "|" + "|".join(["---"] * left + ["---:"] * right) + "|"]
+    lines += ["| " + " | ".join(str(v).replace("|", "\\|") for v in row) + " |" for row in frame.itertuples(index=False)]
+    return "\n".join(lines) + "\n"
+
+
+def latex(frame: pd.DataFrame, *, caption: str, label: str, right: int) -> str:
+    """A booktabs table (\\usepackage{booktabs}) by pandas."""
+    frame = frame.rename(columns=lambda c: str(c).replace("%", r"\%"))
+    text = frame.map(lambda v: str(v).replace("%", r"\%").replace("_", r"\_").replace("±", r"$\pm$")).to_latex(
+        index=False, escape=False, column_format="l" * (len(frame.columns) - right) + "r" * right,
+        caption=caption.replace("%", r"\%"), label=label, position="t")  # fmt: skip
+    return text.replace("\\begin{table}[t]\n", "\\begin{table}[t]\n\\centering\n", 1)

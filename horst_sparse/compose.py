@@ -1,0 +1,132 @@
+"""Hydra composition from code, written once: a pipeline's config as its entry point composes it,
+and a multirun's command line expanded into its jobs as Hydra's basic sweeper expands it.
+
+Planning (`horst_sparse.study.plan`), tuning, the study, the benchmarks and the tests' fixtures
+compose through here, with Hydra's public API (`initialize_config_dir`, `compose`,
+`OverridesParser`, `Override.sweep_string_iterator`) and the entry points' `version_base`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from horst_sparse.paths import CONFIGS
+from horst_sparse.pipeline import Pipeline
+
+VERSION_BASE = "1.3"  # the entry points' @hydra.main(version_base=...)
+
+
+class ComposeError(RuntimeError):
+    """A command line that does not compose; the message is one line."""
+
+
+def one_line(error: BaseException) -> str:
+    """Hydra's and OmegaConf's multi-line messages as one line."""
+    text = str(error).split("\nConfig search path:")[0]  # Hydra's list of its search path says nothing here
+    line, listing = "", False
+    for part in (p.strip() for p in text.splitlines() if p.strip()):
+        line += (", " if listing and not part.endswith(":") else "; " if line else "") + part
+        listing = listing or part.endswith(":")
+    return line.replace(":, ", ": ") or type(error).__name__
+
+
+@contextlib.contextmanager
+def hydra_context(config_dir: Path = CONFIGS, job_name: str = "compose") -> Iterator[None]:
+    """Hydra initialised on `config_dir` for this block, and cleared after (one composition
+    context at a time, as Hydra allows)."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(config_dir), version_base=VERSION_BASE, job_name=job_name):
+            yield
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def compose_in_context(pipeline: Pipeline, overrides: Sequence[str], *, hydra_node: bool = True) -> Any:
+    """The pipeline's config with `overrides`, inside a `hydra_context`; a ComposeError in one line."""
+    from hydra import compose
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return compose(config_name=pipeline.config_name, overrides=list(overrides), return_hydra_config=hydra_node)
+    except (HydraException, OmegaConfBaseException) as error:
+        raise ComposeError(one_line(error)) from None
+
+
+def compose(pipeline: Pipeline, overrides: Sequence[str] = (), *, config_dir: Path = CONFIGS, hydra_node: bool = False) -> Any:
+    """The pipeline's config (a DictConfig) as `python <its script> <overrides>` composes it."""
+    pipeline.register_configs()
+    with hydra_context(config_dir):
+        return compose_in_context(pipeline, overrides, hydra_node=hydra_node)
+
+
+def sweep_jobs(arguments: Sequence[str], *, config_loader: Any = None) -> list[list[str]]:
+    """The jobs of a multirun's task overrides, as Hydra's basic sweeper makes them: one list of
+    `key=value` per job, the product of every override's values; a key given twice takes its
+    last value (so the command line wins over a sweep preset's params)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create(config_loader=config_loader).parse_overrides(list(arguments))
+    except HydraException as error:
+        raise ComposeError(one_line(error)) from None
+    values: dict[str, list[str]] = {}
+    for override in parsed:
+        key = override.get_key_element()
+        if not override.is_sweep_override():
+            values[key] = [f"{key}={override.get_value_element_as_str()}"]
+        elif override.is_discrete_sweep():
+            values[key] = [f"{key}={value}" for value in override.sweep_string_iterator()]
+        else:
+            raise ComposeError(f"{override.input_line}: Hydra's basic sweeper sweeps lists, not {override.value_type.name}")
+    return [list(job) for job in itertools.product(*values.values())]
+
+
+def expand(pipeline: Pipeline, overrides: Sequence[str], *, config_dir: Path = CONFIGS) -> tuple[Any, list[tuple[list[str], Any]]]:
+    """(the multirun's base config, its jobs as (sweep overrides, composed config)): every job
+    composed as Hydra's multirun composes it, `hydra.job.num` and `hydra.job.id` set.
+
+    The base config is the command line without its sweeps; it gives the sweep preset's
+    `hydra.sweeper.params` and the launcher. A job that does not compose is a ComposeError
+    naming it."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from omegaconf import open_dict
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except HydraException as error:
+        raise ComposeError(one_line(error)) from None
+    for override in parsed:
+        if override.is_hydra_override() and override.is_sweep_override():
+            raise ComposeError(f"{override.input_line}: Hydra does not sweep over its own configuration")
+    hydra_overrides = [o.input_line for o in parsed if o.is_hydra_override()]
+    task_overrides = [o.input_line for o in parsed if not o.is_hydra_override()]
+    pipeline.register_configs()
+    with hydra_context(config_dir, job_name="plan"):
+        base = compose_in_context(pipeline, [o.input_line for o in parsed if not o.is_sweep_override()])
+        sweeper = base.hydra.sweeper
+        if not str(sweeper.get("_target_", "")).endswith("BasicSweeper"):
+            raise ComposeError(f"only Hydra's basic sweeper is expanded here; this multirun uses {sweeper._target_}")
+        params = [f"{key}={value}" for key, value in (sweeper.get("params") or {}).items()]
+        jobs = sweep_jobs(params + task_overrides, config_loader=GlobalHydra.instance().config_loader())
+        composed = []
+        for num, job in enumerate(jobs):
+            try:
+                config = compose_in_context(pipeline, hydra_overrides + job)
+            except ComposeError as error:
+                raise ComposeError(f"cell {num} ({' '.join(job)}) does not compose: {error}") from None
+            with open_dict(config):  # what Hydra's multirun sets in each job's config
+                config.hydra.job.num = num
+                config.hydra.job.id = f"plan_{num}"
+            composed.append((job, config))
+    return base, composed

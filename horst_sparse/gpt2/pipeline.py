@@ -1,0 +1,73 @@
+"""The GPT-2 pipeline as the registry knows it (horst_sparse.pipeline)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+from horst_sparse.gpt2 import export
+from horst_sparse.gpt2.config import register_configs, validate
+from horst_sparse.gpt2.data import PREPARE_SLIMPAJAMA, load_split
+from horst_sparse.gpt2.run import run
+from horst_sparse.pipeline import Pipeline, TuningScore
+from horst_sparse.training.config import ConfigError
+
+# The tuning score's rows: unstructured magnitude pruning at these sparsities, the model as it is used.
+PRUNED_SPARSITIES = (0.5, 0.9)
+
+
+def check_data(cfg: Any) -> None:
+    """The tokenized splits exist (the embedded pydoc set is tokenized on first use)."""
+    if cfg.data.name != "pydoc":
+        for split in ("train", "val"):
+            load_split(cfg.data.dir, split, prepare_command=PREPARE_SLIMPAJAMA.format(dir=cfg.data.dir))
+
+
+def numbers(config: Mapping[str, Any], summary: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """Perplexity of the dense model and after each one-shot pruning the run evaluated (a failed
+    run: magnitude pruning at its sparsities, as planned)."""
+    if summary is None:
+        results = [{"sparsity": s, "method": "magnitude", "pattern": "unstructured"} for s in config["prune"]["sparsities"]]
+    else:
+        results = summary["pruning"]["results"]
+    rows = []
+    for r in results:
+        dense = float(r["sparsity"]) == 0.0 or r.get("pattern") == "dense"
+        rows.append({"metric": "ppl", "method": "none" if dense else r.get("method", "magnitude"),
+                     "pattern": "dense" if dense else r.get("pattern", "unstructured"), "sparsity": float(r["sparsity"]),
+                     "value": r.get("ppl")})  # fmt: skip
+    return rows
+
+
+def pruned_perplexity(summary: Mapping[str, Any]) -> float:
+    """The geometric mean of the validation perplexities after one-shot magnitude pruning at
+    PRUNED_SPARSITIES' range (inf where one is not finite)."""
+    low, high = PRUNED_SPARSITIES
+    rows = [r for r in summary["pruning"]["results"] if r["method"] == "magnitude" and r["pattern"] == "unstructured"
+            and low - 1e-9 <= r["sparsity"] <= high + 1e-9]  # fmt: skip
+    if not rows:
+        raise ConfigError(f"prune.sparsities has no unstructured sparsity in [{low}, {high}]: nothing to score")
+    ppls = [r["ppl"] for r in rows]  # summary.json writes a non-finite perplexity as null
+    if not all(p is not None and 0 < p < math.inf for p in ppls):
+        return math.inf
+    return math.exp(sum(math.log(p) for p in ppls) / len(ppls))
+
+
+PIPELINE = Pipeline(
+    name="gpt2",
+    config_name="train_gpt2",
+    script="train_gpt2.py",
+    run=run,
+    register_configs=register_configs,
+    validate=validate,
+    check_data=check_data,
+    numbers=numbers,
+    tuning=TuningScore("geometric-mean validation perplexity after one-shot magnitude pruning at 50-90 %", "minimize",
+                       pruned_perplexity),  # fmt: skip
+    export=export.export_run,
+    export_format="hf",
+    recipe_group="gpt2_recipe",
+    run_schema="schema_gpt2_run",
+    model_schema="model/schema_gpt2",
+    lr_key="train.lr",
+)

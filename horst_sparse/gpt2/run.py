@@ -1,0 +1,226 @@
+"""Train GPT-2, prune copies of it one-shot by magnitude, report perplexity on `eval_split`.
+
+`run(cfg, run_dir)` is the whole pipeline, top to bottom; `train_gpt2.py` is its Hydra entry
+point. The scaffolding around the loop (start-up, resume, checkpoints, preemption, the
+non-finite guard) is `horst_sparse.training.runner.Run`.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+import pruning
+from horst_sparse.training.distributed import all_reduce_mean, gradient_sync, parallelize, unsharded
+from horst_sparse.training.env import autocast, peak_flops
+from horst_sparse.gpt2.export import export_gpt2
+from horst_sparse.gpt2.config import validate
+from horst_sparse.gpt2.data import RandomWindows, check_run_vocabulary, load_data
+from horst_sparse.gpt2.evaluate import evaluate_lm, one_shot_pruning, perplexity_table
+from horst_sparse.gpt2.model import build_model, flops_per_token
+from horst_sparse.training.optim import build_optimizer
+from horst_sparse.training.run_log import optimizer_label, progress_bar
+from horst_sparse.training.runner import Run
+from horst_sparse.training.schedule import build_lr_scheduler
+
+# Besides horst_sparse.training.no_effect.NO_EFFECT, a continued run may change these: they are read only after
+# training (the final evaluation and pruning rerun), so they change what is measured, not what is trained.
+MAY_CHANGE_ON_RESUME = ("eval_split", "eval", "prune")
+
+
+def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
+    """Train, prune and evaluate as `cfg` says, writing into `run_dir`; returns the summary."""
+    r = Run(
+        cfg, run_dir, validate=validate, pipeline="gpt2", title=f"{cfg.model.name} {optimizer_label(cfg.optimizer)} seed{cfg.seed}",
+        tags=[cfg.optimizer.name, cfg.model.name, f"{cfg.data.name}"],
+    )  # fmt: skip
+    dist, device, t = r.dist, r.device, cfg.train
+
+    context = cfg.model.n_positions
+    data = load_data(cfg.data, context=context, is_main=r.is_main, eval_split=cfg.eval_split)
+    train_tokens, val_tokens, eval_tokens = data.train, data.val, data.split(cfg.eval_split)
+    if r.is_main:
+        check_run_vocabulary(r.run_dir, data.vocabulary)
+    batches = RandomWindows(train_tokens, context=context, seed=cfg.seed)
+
+    def build() -> torch.nn.Module:
+        return build_model(cfg.model, vocab_size=data.vocab_size).to(device)
+
+    model = build()
+    # ddp: `train_model` wraps `model`; fsdp2: both are `model`, its weights sharded in place (before the optimizer).
+    train_model = parallelize(model, cfg.distributed, info=dist, device=device, compile=cfg.compile, blocks=model.transformer.h)
+    prunable = pruning.prunable_parameters(model, cfg.prune.preset)
+    optimizer = build_optimizer(cfg.optimizer, model, lr=t.lr, prunable_names=prunable.keys())
+    scheduler = build_lr_scheduler(
+        optimizer, total_steps=t.max_steps, warmup_steps=t.warmup_steps, min_lr=t.min_lr, warmup_lr=t.warmup_lr
+    )
+    state = r.restore(
+        model=model, optimizer=optimizer, scheduler=scheduler, generators={"batches": batches.generator}, lr=t.lr,
+        may_change=MAY_CHANGE_ON_RESUME,
+    )  # fmt: skip
+    step, train_loss = (state["step"], state["train_loss"]) if state else (0, float("nan"))
+    step_loss = torch.full((), train_loss, device=device)  # the last update's loss, all-reduced, on the device
+
+    accum = t.batch_size // (t.micro_batch_size * dist.world_size)
+    tokens_per_step = t.batch_size * context
+    flops = flops_per_token(model, context) * tokens_per_step
+    peak = peak_flops(device, t.peak_tflops)  # per device; None on CPU
+
+    def evaluate(m: torch.nn.Module, max_windows: int | None, tokens=val_tokens) -> dict:
+        return evaluate_lm(
+            m, tokens, context=context, batch_size=cfg.eval.batch_size, device=device, dtype=r.dtype,
+            rank=dist.rank, world_size=dist.world_size, max_windows=max_windows,
+        )  # fmt: skip
+
+    # ---- training ------------------------------------------------------------------------
+    model.train()
+    bar = progress_bar(total=t.max_steps, initial=step, desc="train", disable=not r.is_main)
+    train_seconds, logged_step = 0.0, step  # throughput excludes evaluation and checkpoints
+    while step < t.max_steps:
+        step_started = time.time()
+        # Same global draw on every process; each takes its rows (DDP == one big batch).
+        offsets = batches.global_offsets(t.batch_size).view(dist.world_size, accum, t.micro_batch_size)[dist.rank]
+        loss_sum = torch.zeros((), device=device)
+        for micro in range(accum):
+            x, y = batches.batch(offsets[micro], device)
+            with gradient_sync(train_model, micro == accum - 1):
+                with autocast(device, r.dtype):
+                    logits = train_model(x).logits
+                loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+                (loss / accum).backward()
+            loss_sum += loss.detach()
+        # No host sync per step: the guard keeps its record on the device (`Run.watch_loss`) and is
+        # read at log intervals and before every checkpoint; the loss is read at log intervals.
+        step_loss = all_reduce_mean(loss_sum / accum)
+        r.watch_loss(step_loss, step=step + 1)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip) if t.grad_clip > 0 else None
+        lr = optimizer.param_groups[0]["lr"]
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        scheduler.step_update(step)
+        train_seconds += time.time() - step_started
+        bar.update()
+
+        if t.log_interval and (step % t.log_interval == 0 or step == t.max_steps):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            r.check_losses()
+            train_loss = step_loss.item()
+            seconds = train_seconds / (step - logged_step)  # per update since the last log
+            train_seconds, logged_step = 0.0, step
+            metrics = {"train/loss": train_loss, "train/lr": lr, "train/tokens": step * tokens_per_step,
+                       "perf/tokens_per_s": tokens_per_step / seconds}  # fmt: skip
+            if grad_norm is not None:
+                metrics["train/grad_norm"] = grad_norm.item()
+            if peak:
+                metrics["perf/mfu"] = flops / seconds / (peak * dist.world_size)
+            r.log.log(metrics, step=step)
+            bar.set_postfix(loss=f"{train_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_step / seconds:,.0f}", refresh=False)
+        if t.eval_interval and (step % t.eval_interval == 0 or step == t.max_steps):
+            val = evaluate(unsharded(model, build), max_windows=t.eval_windows)
+            r.log.log({"val/loss": val["loss"], "val/ppl": val["ppl"]}, step=step)
+            bar.write(f"step {step}: val loss {val['loss']:.4f} (ppl {val['ppl']:.2f}, {val['tokens']} tokens)")
+        if (t.checkpoint_interval and step % t.checkpoint_interval == 0) or step == t.max_steps:
+            r.save(step=step, train_loss=step_loss.item())
+        elif (not dist.enabled or step % max(t.log_interval, 1) == 0) and r.preempted():  # a collective under DDP
+            r.exit_for_requeue(step=step, bar=bar, train_loss=step_loss.item())
+    bar.close()
+    model = unsharded(model, build)  # fsdp2: the whole weights, in a plain model on every process
+    prunable = pruning.prunable_parameters(model, cfg.prune.preset)
+
+    # The trained dense model's weight distribution (the paper's AdamW vs HORST figure).
+    counts, edges = pruning.magnitude_histogram(prunable, bins=100, log=True)
+    histogram = {"of": "log10|w| of the prunable weights of the trained dense model", "counts": counts, "edges": edges}
+    r.log.write_json("weight_histogram.json", histogram)
+    r.log.log_histogram("weights/log10_abs", counts, edges, step=step)
+
+    # ---- one-shot magnitude pruning of copies of the trained model, perplexity of each -----
+    def stop_if_preempted() -> None:  # the final checkpoint exists: a requeued run redoes this evaluation
+        if r.preempted():
+            r.exit_for_requeue(step=step, save=False)
+
+    def evaluate_final(m: torch.nn.Module) -> dict:  # every reported perplexity: on eval_split
+        return evaluate(m, max_windows=cfg.eval.max_windows, tokens=eval_tokens)
+
+    evaluation = one_shot_pruning(
+        model, cfg.prune, evaluate_final, calibration_tokens=train_tokens, before_each=stop_if_preempted,
+        after_each=lambda row: r.is_main and tqdm.write(
+            f"one-shot {row['method']} {row['pattern']} at {row['sparsity']:g}: {cfg.eval_split} perplexity {row['ppl']:.2f}"
+        ),
+    )  # fmt: skip
+    evaluation["eval_split"] = cfg.eval_split
+    for p in evaluation["results"]:  # the JSONL record; W&B gets them as one table and a plot
+        r.log.log({f"prune/ppl@{p['label']}": p["ppl"], f"prune/loss@{p['label']}": p["val_loss"],
+                   "prune/eval_split": cfg.eval_split}, step=step, to_wandb=False)  # fmt: skip
+    r.log.log_table("prune/perplexity", evaluation["results"], step=step,
+                    plot=("sparsity", "ppl", f"{cfg.eval_split} perplexity after one-shot pruning"))  # fmt: skip
+
+    opt = OmegaConf.to_container(cfg.optimizer, resolve=True)
+    hyperparameters = ", ".join(f"{k}={v}" for k, v in opt.items() if k not in ("name", "_target_", "_partial_"))
+    parameters = sum(p.numel() for p in model.parameters())
+    title = (
+        f"{cfg.eval_split.capitalize()} perplexity after one-shot pruning ({', '.join(cfg.prune.methods)}; {', '.join(map(str, cfg.prune.patterns))}; "
+        f"magnitude {cfg.prune.scope}): GPT-2 "
+        f"({cfg.model.name}, {parameters / 1e6:.1f}M params), {opt['name']} ({hyperparameters}, lr={t.lr}), "
+        f"{step * tokens_per_step:,} training tokens; {evaluation['tokens']:,} {cfg.eval_split} tokens in "
+        f"{evaluation['windows']} non-overlapping windows of {context}."
+    )
+    table = perplexity_table(evaluation["results"], title=title)
+    r.log.write_json("perplexity.json", evaluation)
+    r.log.write_text("perplexity.md", table)
+    summary = r.finish(
+        {
+            "pipeline": "gpt2",
+            "model": {
+                "preset": cfg.model.name,
+                **OmegaConf.to_container(cfg.model, resolve=True),
+                "parameters": parameters,
+                "prunable_parameters": sum(p.numel() for p in prunable.values()),
+            },
+            "optimizer": {**opt, "lr": t.lr, "min_lr": t.min_lr, "warmup_steps": t.warmup_steps},
+            "data": {
+                "name": cfg.data.name,
+                "dir": str(cfg.data.dir),
+                "train_tokens": len(train_tokens),
+                "val_tokens": len(val_tokens),
+                **({"test_tokens": len(data.test)} if data.test is not None else {}),
+                "vocabulary": cfg.data.vocabulary,
+                "vocab_size": data.vocab_size,
+            },
+            "train": {
+                "steps": step,
+                "batch_size": t.batch_size,
+                "context": context,
+                "tokens_trained": step * tokens_per_step,
+                "final_train_loss": step_loss.item(),
+                "wall_time_s": r.elapsed_s,
+                "world_size": dist.world_size,
+                "distributed": cfg.distributed,
+                "device": str(device),
+            },
+            "seed": cfg.seed,
+            "eval_split": cfg.eval_split,
+            "pruning": evaluation,
+            "ppl": {p["label"]: p["ppl"] for p in evaluation["results"]},
+        },
+        files=("perplexity.md", "perplexity.json"),
+    )
+    if cfg.export.enabled:  # one pruned copy as a transformers folder with a model card (horst_sparse/gpt2/export.py)
+        e = cfg.export
+        exported = export_gpt2(
+            model, cfg, e.dir or r.run_dir / "export", sparsity=e.sparsity, method=e.method, pattern=e.pattern,
+            evaluate=evaluate_final, calibration_tokens=train_tokens,
+            evaluation=evaluation, summary=summary, write=r.is_main, vocabulary=data.vocabulary,
+        )  # fmt: skip
+    if r.is_main:
+        print(table)
+        if cfg.export.enabled:
+            print(f"exported: {exported['dir']} ({e.method}, {e.pattern}, perplexity {exported['ppl']:.2f})")
+        print(f"run folder: {r.run_dir}")
+    return summary

@@ -1,0 +1,572 @@
+"""A study: the Hydra multiruns its presets define (`configs/study/<study>_<pipeline>.yaml`: arms,
+sparsities, seeds as `hydra.sweeper.params`, the launcher), resumable from its committed record,
+refused where the code or a config changed under its runs, then its results folder.
+
+* **Plan.** Every job of each preset, composed as Hydra composes it (one composition per arm and
+  sparsity: the seed is not in a run's signature): its run folder (`hydra.sweep.dir/subdir`, the
+  run's id in the record) and the signature of its config.
+* **Done.** A job is done when its run is in the record (`results/<study>/runs.csv`) or its folder
+  holds `summary.json`. A done run whose signature differs from its job's is stale: the study stops,
+  naming it (and, from a folder, the keys): a recipe, an arm or a default changed since it ran.
+* **Provenance.** The study refuses to start from a dirty tree (`check_clean`), refuses runs that
+  ran from one (commit `-dirty`), and where its runs span commits, refuses any whose code
+  (`CODE`: horst/, pruning/, horst_sparse/training/, configs/) differs from this commit's (`git diff`), except
+  by a change reviewed in `horst_sparse/study/reviewed_changes.yaml` (one file's exact before and after).
+* **Budgets.** The embedded study first runs the tunings its budget (configs/study/tuning.yaml)
+  still asks for, `scripts/tune.py` per optimizer with the same trials, and stops for the picks to
+  be committed; it refuses arms whose optimizers were not tuned alike (equal trials, validation
+  split, tuning seeds disjoint from its seeds).
+* **Launch.** The jobs not done go through Hydra's own multirun and the preset's launcher
+  (joblib here, two jobs side by side; `hydra/launcher=slurm` on a cluster): one multirun per
+  preset when nothing is done, else one per set of jobs that forms a sweep.
+* **Report.** The record is rewritten from the runs (folders where present, else the record's
+  rows), and `horst_sparse.analysis.report` writes the folder from the runs measured on the presets' split.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import pandas as pd
+import yaml
+
+from horst_sparse.analysis.report import write_report
+from horst_sparse.compose import compose_in_context, hydra_context, sweep_jobs
+from horst_sparse.paths import CONFIGS, REPO
+from horst_sparse.pipeline import Pipeline, get as get_pipeline
+from horst_sparse.analysis.runs import RECORD_COLUMNS, UNRECORDED, NoRunsError, read_record, scan, signature, signature_hash, write_record
+
+# What a run's numbers depend on: the libraries, the pipelines and their scaffolding, the configs
+# (not the results layer or the study's own code, which read numbers and write none).
+CODE = ("horst", "pruning", "horst_sparse", "configs", ":(exclude)horst_sparse/analysis", ":(exclude)horst_sparse/study")
+# ... of which a run's signature (its composed config) holds all a run reads: a change there that
+# matters makes the run stale, one that does not (another pipeline's pick, a preset's sweep order,
+# a new arm) leaves it valid. (Not the recipes: one sets an environment variable, outside the config.)
+SIGNED = ("configs/tuned", "configs/study", "configs/arm")
+REVIEWED = Path(__file__).with_name("reviewed_changes.yaml")
+# make check-results: per pipeline, seed 0 of this arm (the one the claims are about) at the last
+# cell its preset sweeps (the highest sparsity), rerun and compared with the record. On the same
+# machine and thread count a rerun is identical (fixed summation order); elsewhere within these
+# tolerances, far below the seed-to-seed spread: top-1 in points, perplexity relative.
+CHECKED_ARM = "horst"
+TOLERANCE = {"top1": ("absolute", 0.6), "ppl": ("relative", 0.01)}
+
+
+class StudyError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Job:
+    pipeline: str
+    preset: str
+    overrides: tuple[str, ...]  # the job's sweep overrides without the seed, e.g. ("+arm=horst", "acdc.sparsity=0.9")
+    seed: int
+    run: str  # its folder, relative to the repository: the run's id in the record
+    sweep_dir: str
+    signature: str
+    config: dict  # the composed job config (hydra node aside), for naming what a stale run differs in
+    recipe: str  # the pipeline's recipe (<pipeline>_recipe), which its tuning runs on
+
+
+def _git(*args: str, repo: Path = REPO) -> str:
+    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout
+
+
+def check_clean(repo: Path = REPO) -> None:
+    """Refuse a tree with changes outside results/: every number must come from a commit."""
+    changed = _git("status", "--porcelain", "--", ".", ":(exclude)results", repo=repo).splitlines()
+    if changed:
+        raise StudyError(f"the working tree has uncommitted changes ({len(changed)} files, e.g. {changed[0][3:]}): "
+                         "commit or stash them, so every run records a commit that holds its code")  # fmt: skip
+
+
+def check_provenance(commits: Sequence[str], repo: Path = REPO, reviewed: Path = REVIEWED) -> None:
+    """Refuse runs (and picks) from a dirty tree, and those whose commit's code differs from HEAD's
+    in CODE. The picks and presets (SIGNED) are left to the signature check: a pick a run reads is
+    in its config (optimizer.*, train.*), so a changed one makes the run stale, while a pick
+    committed after it for another pipeline or optimizer changes nothing it ran. A change listed in
+    the `reviewed` ledger (a file's exact blobs before and after, and why no committed number
+    depends on it) is forgiven; any other change to that file is not."""
+    head = _git("rev-parse", "HEAD", repo=repo).strip()
+    problems = []
+    for commit in sorted(set(commits)):
+        if commit.endswith("-dirty"):
+            problems.append(f"{commit[:12]}-dirty: ran from a tree with uncommitted changes (its code is not recorded)")
+            continue
+        try:
+            files = _git("diff", "--name-only", commit, head, "--", *CODE, *(f":(exclude){p}" for p in SIGNED), repo=repo).split()
+        except subprocess.CalledProcessError:
+            problems.append(f"{commit[:12]}: not a commit of this repository")
+            continue
+        files = [f for f in files if not _reviewed(f, commit, head, repo, reviewed)]
+        if files:
+            problems.append(f"{commit[:12]}: its code differs from HEAD's in {len(files)} file(s): {', '.join(files[:5])}")
+    if problems:
+        raise StudyError("the study's runs did not all run this commit's code; rerun them (delete their rows of "
+                         "runs.csv and their folders) or check out their commit:\n  " + "\n  ".join(problems))  # fmt: skip
+
+
+def _reviewed(path: str, commit: str, head: str, repo: Path, ledger: Path) -> bool:
+    """Whether the file's change from `commit` to `head` is one of the ledger's exact pairs of blobs."""
+    reviewed = (yaml.safe_load(ledger.read_text()) if ledger.is_file() else None) or []
+    if not any(r["path"] == path for r in reviewed):
+        return False
+    try:
+        before, after = (_git("rev-parse", f"{c}:{path}", repo=repo).strip() for c in (commit, head))
+    except subprocess.CalledProcessError:  # added or deleted: not a reviewable pair
+        return False
+    return any((r["path"], r["before"], r["after"]) == (path, before, after) for r in reviewed)
+
+
+def _preset(name: str, configs: Path = CONFIGS) -> dict[str, Any]:
+    """A preset's YAML, over the presets its defaults list names (`- embedded_vit`: a sibling in
+    configs/study/), merged as Hydra merges them."""
+    from omegaconf import OmegaConf
+
+    path = configs / "study" / f"{name}.yaml"
+    if not path.is_file():
+        raise StudyError(f"no study preset {path}")
+    own = yaml.safe_load(path.read_text())
+    bases = [_preset(entry, configs) for entry in own.get("defaults", []) if isinstance(entry, str) and entry != "_self_"]
+    return OmegaConf.to_container(OmegaConf.merge(*bases, own)) if bases else own
+
+
+def pipeline_of(preset: str, configs: Path = CONFIGS) -> Pipeline:
+    """The pipeline a study preset says it belongs to (its `pipeline:` key, or its base's)."""
+    name = _preset(preset, configs).get("pipeline")
+    if not name:
+        raise StudyError(f"configs/study/{preset}.yaml has no `pipeline:` key: say which pipeline it runs")
+    return get_pipeline(name)
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def _params(preset: str, extra: Sequence[str], configs: Path) -> dict[str, Any]:
+    """The preset's sweep with the command line's overrides of its keys in place, as Hydra merges them."""
+    params = _preset(preset, configs)["hydra"]["sweeper"]["params"]
+    replaced = {_key(o): o.split("=", 1) for o in extra}
+    return {(replaced[_key(k)][0] if _key(k) in replaced else k): (replaced[_key(k)][1] if _key(k) in replaced else v)
+            for k, v in params.items()}  # fmt: skip
+
+
+def plan(presets: Sequence[str], extra: Sequence[str] = (), *, configs: Path = CONFIGS) -> list[Job]:
+    """Every job of the presets (configs/study/), composed from `configs`. A job's seed is not in
+    its signature, so each cell is composed once and its seeds set on the composed config."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf, open_dict
+
+    jobs = []
+    for preset in presets:
+        pipeline = pipeline_of(preset, configs)
+        pipeline.register_configs()
+        params = _params(preset, extra, configs)
+        rest = [o for o in extra if _key(o) not in {_key(k) for k in params}]
+        by_cell: dict[tuple[str, ...], list[int]] = defaultdict(list)
+        for job in sweep_jobs([f"{k}={v}" for k, v in params.items()]):
+            seeds = [o for o in job if o.startswith("seed=")]
+            by_cell[tuple(o for o in job if not o.startswith("seed="))] += [int(s.split("=", 1)[1]) for s in seeds]
+        with hydra_context(configs, job_name="study"):
+            for overrides, seeds in by_cell.items():
+                config = compose_in_context(pipeline, [f"+study={preset}", *overrides, *rest])
+                HydraConfig.instance().set_config(config)
+                for seed in seeds:
+                    with open_dict(config):
+                        config.seed = seed
+                    folder = Path(config.hydra.sweep.dir) / str(config.hydra.sweep.subdir)
+                    job = OmegaConf.to_container(config, resolve=True)
+                    del job["hydra"]
+                    jobs.append(Job(pipeline.name, preset, overrides, seed, str(folder), str(config.hydra.sweep.dir),
+                                    signature_hash(job), job, config.hydra.runtime.choices[pipeline.recipe_group]))  # fmt: skip
+        HydraConfig.instance().cfg = None  # set only to resolve the sweep folder: no job of this process runs
+    return jobs
+
+
+def runs_of(jobs: Sequence[Job], record: Path) -> tuple[pd.DataFrame, dict[str, Path]]:
+    """The planned jobs' runs: from their folders where they finished, else from the record."""
+    dirs = [d for d in sorted({REPO / j.sweep_dir for j in jobs}) if d.is_dir()]
+    found = scan(dirs, base=REPO) if dirs else None
+    parts = []
+    if found is not None and not found.frame.empty:
+        parts.append(found.frame)
+    if record.is_file():
+        rows = read_record([record])
+        parts.append(rows[~rows.run.isin(found.frame.run if parts else [])])
+    planned = {j.run for j in jobs}
+    frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=RECORD_COLUMNS)
+    # A run counts where it is one of the study's jobs and its config was recorded (records from before
+    # signatures existed cannot be checked against their job: their jobs run again).
+    mine = frame.run.isin(planned) & (frame.signature != UNRECORDED)
+    return frame[mine].reset_index(drop=True), (found.folders if found else {})
+
+
+def stale(jobs: Sequence[Job], frame: pd.DataFrame, folders: dict[str, Path]) -> list[str]:
+    """`run: why` for every done run whose signature is not its job's."""
+    from horst_sparse.training.runner import config_differences
+
+    recorded = frame.drop_duplicates("run").set_index("run")["signature"]
+    lines = []
+    for job in jobs:
+        if job.run in recorded and recorded[job.run] != job.signature:
+            if job.run in folders:
+                old = yaml.safe_load((folders[job.run] / "config.yaml").read_text())
+                why = "; ".join(config_differences(signature(old), signature(job.config)))
+            else:
+                why = f"recorded signature {recorded[job.run]}, this code composes {job.signature}"
+            lines.append(f"{job.run}: {why}")
+    return lines
+
+
+def multiruns(jobs: Sequence[Job], extra: Sequence[str] = ()) -> list[tuple[str, list[str]]]:
+    """(preset, overrides) of the multiruns that run exactly `jobs`: a preset's whole sweep where
+    all of its jobs are asked for, else one multirun per job cell with its seeds."""
+    commands = []
+    order = list(dict.fromkeys(j.preset for j in jobs))  # the study's order: a pipeline's presets, then the next's
+    for preset, group in itertools.groupby(sorted(jobs, key=lambda j: order.index(j.preset)), key=lambda j: j.preset):
+        group = list(group)
+        if len(group) == len(sweep_jobs([f"{k}={v}" for k, v in _params(preset, extra, CONFIGS).items()])):
+            commands.append((preset, []))
+            continue
+        cells: dict[tuple[str, ...], list[int]] = defaultdict(list)
+        for job in group:
+            cells[job.overrides].append(job.seed)
+        commands += [(preset, [*overrides, f"seed={','.join(map(str, sorted(seeds)))}"]) for overrides, seeds in cells.items()]
+    return commands
+
+
+def command(preset: str, overrides: Sequence[str], extra: Sequence[str] = ()) -> list[str]:
+    """The multirun's command line; an extra override of a key the job overrides gives way to the job's."""
+    mine = {_key(o) for o in overrides}
+    rest = [o for o in extra if _key(o) not in mine]
+    return ["python", pipeline_of(preset).script, "-m", f"+study={preset}", *overrides, *rest]
+
+
+def _subprocess_env() -> dict[str, str]:
+    """The environment of the study's subprocesses (tunings, multiruns): offline, passive OpenMP."""
+    return {"OMP_WAIT_POLICY": "PASSIVE", **os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+def launch(commands: Sequence[tuple[str, list[str]]], extra: Sequence[str] = ()) -> int:
+    """Run the multiruns one after another (each one's launcher runs its jobs side by side)."""
+    env = _subprocess_env()
+    worst = 0
+    for preset, overrides in commands:
+        line = command(preset, overrides, extra)
+        print(f"$ {shlex.join(line)}", flush=True)
+        worst = max(worst, subprocess.call([sys.executable, *line[1:]], cwd=REPO, env=env))
+    return worst
+
+
+def machine_text(row: Any) -> str:
+    """`host vm (Intel Xeon ..., AVX512), 1 torch thread(s) a run`: where a run's numbers were computed."""
+    capability = "" if pd.isna(getattr(row, "cpu_capability", None)) else f", {row.cpu_capability}"
+    gpu = "" if pd.isna(getattr(row, "gpu", None)) else f", GPU {row.gpu}"
+    return f"host {row.host} ({row.cpu}{capability}{gpu}), {row.cpu_threads:.0f} torch thread(s) a run"
+
+
+def cost_table(frame: pd.DataFrame, jobs: Sequence[Job]) -> str:
+    """Per pipeline: runs done of planned, the measured wall time a run, the tuning budget, and
+    what the whole (tuning + runs) takes at that rate with the preset's runs side by side."""
+    runs = frame.drop_duplicates("run")
+    rows = []
+    for pipeline, group in itertools.groupby(sorted(jobs, key=lambda j: j.pipeline), key=lambda j: j.pipeline):
+        group = list(group)
+        done = runs[runs.run.isin({j.run for j in group})]
+        tuned = {o: ((group[0].config["tuned"].get(o) or {}).get("provenance") or {}).get("trials")
+                 for o in sorted({j.config["optimizer"]["name"] for j in group})}  # fmt: skip
+        trials = sum(t or 0 for t in tuned.values())
+        side_by_side = _preset(group[0].preset).get("hydra", {}).get("launcher", {}).get("n_jobs", 1)
+        median = done.wall_time_s.median() if not done.empty else math.nan
+        rows.append({"pipeline": pipeline, "runs done": f"{len(done)} of {len(group)}",
+                     "wall s a run (median)": median, "run time so far (h)": done.wall_time_s.sum() / 3600,
+                     "tuning trials": ", ".join(f"{o} {t if t else 'untuned'}" for o, t in tuned.items()),
+                     "runs side by side": side_by_side,
+                     "tuning + runs at that rate (h wall)": (len(group) + trials) * median / side_by_side / 3600})  # fmt: skip
+    from horst_sparse.analysis import tables
+
+    table = pd.DataFrame(rows)
+    for column, digits in (("wall s a run (median)", 0), ("run time so far (h)", 1), ("tuning + runs at that rate (h wall)", 1)):
+        table[column] = table[column].map(lambda v: "–" if math.isnan(v) else f"{v:.{digits}f}")
+
+    machine = ", ".join(sorted({machine_text(r) for r in runs.dropna(subset=["host"]).itertuples()})) or "not recorded"
+    return tables.markdown(table, right=0) + f"\nMachine: {machine}.\n"
+
+
+def readme(study: str, frame: pd.DataFrame, jobs: Sequence[Job], extra: Sequence[str], split: str, out: Path) -> str:
+    commits = ", ".join(f"`{c[:12]}`" for c in sorted(frame.git_commit.dropna().unique()))
+    presets = list(dict.fromkeys(j.preset for j in jobs))
+    lines = "\n".join(f"    {shlex.join(command(p, [], extra))}" for p in presets)
+    hours = frame.drop_duplicates("run").wall_time_s.sum() / 3600
+    folder = out.relative_to(REPO) if out.is_relative_to(REPO) else out
+    default = {"demo": Path("outputs/demo"), "embedded": Path("results/embedded")}.get(study)
+    flags = (" --demo" if study == "demo" else "") + (f" --out {folder}" if folder != default else "")
+    target = {" --demo": "make demo", " --demo --out results/demo": "make demo-reference", "": "make study"}.get(flags, "")
+    return f"""# The {study} study
+
+Written by `python scripts/embedded_study.py{flags}`{f' ({target})' if target else ''}:
+{len(frame.run.unique())} of {len(jobs)} planned runs, measured on the {split} split, from commit(s) {commits}
+({hours:.1f} h of run time). The runs are the multiruns of the study's presets
+(configs/study/, arms in configs/arm/; each preset's header says what it runs and what was cut
+to fit the budget):
+
+{lines}
+
+`runs.csv` is the record (one line per run and number; the study resumes from it). The tables,
+paired differences, the claims' verdicts (by the rules of horst_sparse/analysis/claims.yaml), the power table
+and the figures are written from it, into this folder with this file, by `python
+scripts/embedded_study.py{flags} --report-only` (no runs);
+`python scripts/study_report.py {folder}/runs.csv --out <folder>` writes the same tables and
+figures into another folder. `make check-results` reruns seed 0 of one cell per pipeline.
+
+## Cost, as measured
+
+Tuning (configs/study/tuning.yaml: `scripts/tune.py` per optimizer, the same trials for each,
+every trial one run of the recipe on the validation split, results/tuning/) and the runs:
+
+{cost_table(frame, jobs)}
+"""
+
+
+def presets_of(study: str, pipelines: Sequence[str] | None = None, configs: Path = CONFIGS) -> list[str]:
+    """The study's presets, configs/study/<study>_*.yaml (a part, whose defaults name another of
+    them, after it), of every pipeline or of `pipelines` only."""
+    names = sorted(f.stem for f in (configs / "study").glob(f"{study}_*.yaml"))
+    presets = [n for n in names if pipelines is None or pipeline_of(n, configs).name in pipelines]
+    if not presets:
+        raise StudyError(f"no preset configs/study/{study}_*.yaml" + (f" of {', '.join(pipelines)}" if pipelines else ""))
+    return presets
+
+
+def check_budgets(jobs: Sequence[Job]) -> None:
+    """Per pipeline: the optimizers the arms run at their tuned values (adamw, ham, horst) were tuned
+    alike on validation with seeds disjoint from the jobs' reporting seeds (horst_sparse.study.tuning's check,
+    a BudgetError naming the arm otherwise)."""
+    from horst_sparse.study.tuning import check_equal_budgets
+
+    for pipeline, group in itertools.groupby(sorted(jobs, key=lambda j: j.pipeline), key=lambda j: j.pipeline):
+        group = list(group)
+        optimizers = sorted({j.config["optimizer"]["name"] for j in group})
+        check_equal_budgets(group[0].config["tuned"], optimizers, reporting_seeds=sorted({j.seed for j in group}))
+
+
+def tunings(study: str, jobs: Sequence[Job], configs: Path = REPO / "configs") -> list[list[str]]:
+    """The `scripts/tune.py` command lines the study's budget (configs/study/tuning.yaml) still
+    asks for: each optimizer its jobs run at tuned values whose pick was not made with that many
+    trials on validation at a tuning seed (a tuning already made is not redone)."""
+    from horst_sparse.study.tuning import EVAL_SPLIT, TUNING_SEEDS_START
+
+    budget = (yaml.safe_load((configs / "study" / "tuning.yaml").read_text()) or {}).get(study)
+    if budget is None:
+        return []
+    lines = []
+    for pipeline, group in itertools.groupby(sorted(jobs, key=lambda j: j.pipeline), key=lambda j: j.pipeline):
+        group = list(group)
+        trials, recipe = budget["trials"][pipeline], group[0].recipe
+        for optimizer in sorted({j.config["optimizer"]["name"] for j in group}):
+            record = (group[0].config["tuned"].get(optimizer) or {}).get("provenance") or {}
+            if (record.get("trials") == trials and record.get("eval_split") == EVAL_SPLIT
+                    and min(record.get("seeds") or [-1]) >= TUNING_SEEDS_START):  # fmt: skip
+                continue
+            lines.append(["python", "scripts/tune.py", pipeline, optimizer, "--trials", str(trials),
+                          f"{pipeline}_recipe={recipe}", *budget["overrides"]])  # fmt: skip
+    return lines
+
+
+def tuning_commits(jobs: Sequence[Job]) -> list[str]:
+    """The commits the picks the jobs run at were made at (scripts/tune.py's provenance)."""
+    commits = set()
+    for job in jobs:
+        for optimizer in ("adamw", "ham", "horst"):
+            commits.add(((job.config["tuned"].get(optimizer) or {}).get("provenance") or {}).get("commit"))
+    return sorted(c for c in commits if c)
+
+
+def tune(lines: Sequence[list[str]]) -> None:
+    """Run the tunings one after another, then stop: the study's runs start from a commit that
+    holds the picks."""
+    env = _subprocess_env()
+    for line in lines:
+        print(f"$ {shlex.join(line)}", flush=True)
+        if subprocess.call([sys.executable, *line[1:]], cwd=REPO, env=env):
+            raise StudyError(f"the tuning `{shlex.join(line)}` failed (see above); fix it and run the study again")
+    raise StudyError(f"{len(lines)} arm(s) tuned: commit the picks (git add configs/tuned results/tuning && git commit), "
+                     "then run the study again; its runs must come from a commit that holds them")  # fmt: skip
+
+
+def run_study(study: str, *, extra: Sequence[str] = (), report_only: bool = False, out: Path | None = None,
+              pipelines: Sequence[str] | None = None) -> int:  # fmt: skip
+    """Plan, check, launch what is missing, report into `out` (default results/<study>, whose
+    runs.csv it resumes from). `pipelines` limits what is tuned and run, not what is reported: the
+    record and the report always cover every preset of the study. 0 when every planned run finished."""
+    out = Path(out or REPO / "results" / study)
+    every = plan(presets_of(study), extra)
+    jobs = [j for j in every if pipelines is None or j.pipeline in pipelines]
+    if study == "embedded" and not report_only:  # a fair comparison; the demo shows the pipelines run
+        missing = tunings(study, jobs)
+        if missing:
+            tune(missing)
+        check_budgets(jobs)
+    record = out / "runs.csv"
+    frame, folders = runs_of(every, record)
+    problems = stale(every, frame, folders)
+    if problems:
+        raise StudyError(f"{len(problems)} finished run(s) were made with other settings than this code composes for "
+                         "their job; their numbers are not this code's. Delete their folders and rows of "
+                         f"{record.relative_to(REPO) if record.is_relative_to(REPO) else record} to rerun them:\n  "
+                         + "\n  ".join(problems))  # fmt: skip
+    done = set(frame.run)
+    todo = [j for j in jobs if j.run not in done]
+    print(f"{len(todo)} of {len(jobs)} runs to do", flush=True)
+    status = 0
+    if todo and not report_only:
+        # New runs join a record of this code's runs only (and, where the study is a comparison,
+        # at picks this code made: a code change may move a tuning's optimum; the demo only shows
+        # the pipelines at the picks they read). A report adds no run: the record's numbers stand,
+        # each with its commit, whatever the code has become since.
+        check_provenance([*frame.git_commit.dropna().unique(), *(tuning_commits(every) if study == "embedded" else [])])
+        status = launch(multiruns(todo, extra), extra)
+        frame, folders = runs_of(every, record)
+    if frame.empty:
+        raise NoRunsError("no run of the study has finished")
+    out.mkdir(parents=True, exist_ok=True)
+    write_record(frame, record)
+    split = {_preset(j.preset).get("eval_split", "validation") for j in every}.pop()
+    write_report(frame, out, split=split, folders=folders, source=str(record.relative_to(REPO) if record.is_relative_to(REPO) else record),
+                 intro=readme(study, frame, every, extra, split, out))  # fmt: skip
+    missing = len(jobs) - frame.run.isin({j.run for j in jobs}).sum()
+    return status or int(missing > 0)
+
+
+def check_results(study: str, *, extra: Sequence[str] = (), pipelines: Sequence[str] | None = None) -> int:
+    """Rerun each pipeline's seed-0 job of CHECKED_ARM (its last cell) into a scratch folder and compare every number
+    with the record; 0 when all are within TOLERANCE."""
+    presets = presets_of(study, pipelines)
+    record = read_record([REPO / "results" / study / "runs.csv"])
+    worst = 0
+    checked = {j.pipeline: j for j in plan(presets, extra) if j.seed == 0 and j.config.get("arm") == CHECKED_ARM}
+    for job in checked.values():
+        before = record[(record.run == job.run) & (record.signature == job.signature)]
+        if before.empty:
+            print(f"{job.run}: not in the record as a run of this job's config; nothing to compare")
+            worst = 1
+            continue
+        with tempfile.TemporaryDirectory(prefix="check-results-") as scratch:
+            line = [*job.overrides, "seed=0", f"hydra.sweep.dir={scratch}", "hydra.sweep.subdir=rerun"]
+            launch([(job.preset, line)], extra)
+            after = scan([scratch]).frame
+        if after.empty:
+            print(f"{job.run}: the rerun did not finish")
+            worst = 1
+            continue
+        for name, rows in (("committed", before), ("rerun", after)):
+            row = rows.iloc[0]
+            print(f"{job.run}: {name} on {machine_text(row) if not pd.isna(row.host) else 'a machine not recorded'}")
+        both = agreement(before, after, ["metric", "method", "pattern", "sparsity"])
+        for row in both.itertuples():
+            worst = max(worst, int(not row.agrees))
+            print(f"{job.run} {row.metric} {row.method} {row.pattern} {row.sparsity:g}: committed {row.value_before:.6g}, "
+                  f"rerun {row.value_after:.6g}: {'identical' if row.off == 0 else 'within' if row.agrees else 'OUT OF'} "
+                  f"{row.tolerance}")  # fmt: skip
+    return worst
+
+
+def agreement(committed: pd.DataFrame, rerun: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
+    """The numbers of both joined on `keys` (value_before, value_after), each with its TOLERANCE
+    (`tolerance`, as text), how far it is off in that tolerance's kind (`off`) and whether it `agrees`."""
+    both = committed.merge(rerun, on=list(keys), suffixes=("_before", "_after"))
+    kinds = [TOLERANCE.get(m, ("relative", 0.01)) for m in both.metric]
+    scale = [abs(b) if kind == "relative" else 1.0 for b, (kind, _) in zip(both.value_before, kinds)]
+    both["off"] = (both.value_after - both.value_before).abs() / scale
+    both["tolerance"] = [f"{kind} tolerance {limit:g}" for kind, limit in kinds]
+    both["agrees"] = [math.isfinite(off) and off <= limit for off, (_, limit) in zip(both.off, kinds)]
+    return both
+
+
+def compare_with_reference(frame: pd.DataFrame, reference: Path) -> int:
+    """make demo's last words: each headline number (TOLERANCE's metrics) of these runs beside the
+    committed reference's, with the tolerance and whether it agrees; 0 when all agree."""
+    from horst_sparse.analysis import tables
+
+    if not reference.is_file():
+        print(f"\nnothing to compare: no committed reference {reference} (make demo-reference writes one)")
+        return 1
+    committed = read_record([reference])
+    both = agreement(committed[committed.metric.isin(TOLERANCE)], frame, ["run", "metric", "method", "pattern", "sparsity"])
+    if both.empty:
+        print(f"\nnothing to compare: no run of these is in {reference}")
+        return 1
+    shown = pd.DataFrame({
+        "run": both.run.map(lambda r: r.split("/", 2)[-1]),
+        "number": [f"{m} {tables.column_label(me, pa, sp)}" for m, me, pa, sp in
+                   zip(both.metric, both.method, both.pattern, both.sparsity)],
+        "committed": both.value_before.map(lambda v: f"{v:.4g}"),
+        "yours": both.value_after.map(lambda v: f"{v:.4g}"),
+        "tolerance": both.tolerance.str.replace(" tolerance", ""),
+        "agrees": both.agrees.map({True: "yes", False: "NO"}),
+    })  # fmt: skip
+    machines = {name: ", ".join(sorted({machine_text(r) for r in rows.drop_duplicates("run").dropna(subset=["host"]).itertuples()}))
+                or "not recorded" for name, rows in (("committed", committed), ("yours", frame))}  # fmt: skip
+    print(f"\n## Your runs beside the committed reference ({reference.relative_to(REPO) if reference.is_relative_to(REPO) else reference})\n")
+    print(tables.markdown(shown, right=2))
+    print(f"\ncommitted on: {machines['committed']}\nyours on: {machines['yours']}")
+    print(f"{int(both.agrees.sum())} of {len(both)} numbers agree within their tolerance "
+          "(one seed: an illustration of the pipeline, not evidence; the study's ten seeds are)")
+    return int(not both.agrees.all())
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`horst-study` (scripts/embedded_study.py): the embedded study, the demo, their reports and checks.
+
+        horst-study                             # make study: results/embedded/
+        horst-study --demo                      # make demo (<= 15 min on 2 cores): trains into outputs/demo/,
+                                                # then compares with the committed results/demo/
+        horst-study --demo --out results/demo   # make demo-reference: the committed reference
+        horst-study --report-only               # no runs: the report of the runs done
+        horst-study --check                     # make check-results: rerun one cell per pipeline
+        horst-study hydra/launcher=slurm        # extra overrides go to every multirun
+
+    Refuses a dirty tree, arms not tuned alike (the embedded study), new runs beside runs of
+    other code, and finished runs whose config is not what the presets now compose (stale)."""
+    import argparse
+
+    from horst_sparse.pipeline import names
+    from horst_sparse.training.config import RunError
+
+    parser = argparse.ArgumentParser(prog="horst-study", description=(main.__doc__ or "").split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=(main.__doc__ or "").split("\n\n", 1)[1])  # fmt: skip
+    parser.add_argument("--demo", action="store_true", help="the demo (configs/study/demo_*.yaml) into outputs/demo")
+    parser.add_argument("--report-only", action="store_true", help="run nothing; report the runs done")
+    parser.add_argument("--check", action="store_true", help="rerun seed 0 of one cell per pipeline, compare with runs.csv")
+    parser.add_argument("--out", type=Path, help="the results folder (default: results/<study>; the demo's outputs/demo, "
+                        "compared with the committed results/demo)")  # fmt: skip
+    parser.add_argument("--pipeline", choices=names(), action="append", help="only this pipeline's part (repeatable)")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for every multirun, e.g. hydra/launcher=slurm")
+    args = parser.parse_args(argv)
+    study = "demo" if args.demo else "embedded"
+    try:
+        if args.check:
+            sys.exit(check_results(study, extra=args.overrides, pipelines=args.pipeline))
+        if not args.report_only:
+            check_clean()
+        reference = REPO / "results" / "demo"
+        out = args.out or (REPO / "outputs" / "demo" if args.demo else None)  # the demo never touches its reference
+        status = run_study(study, extra=args.overrides, report_only=args.report_only, out=out, pipelines=args.pipeline)
+        if args.demo and out.resolve() != reference.resolve():
+            print(f"\nThe demo's report: {out}/README.md")
+            status = max(status, compare_with_reference(read_record([out / "runs.csv"]), reference / "runs.csv"))
+        sys.exit(status)
+    except (StudyError, NoRunsError, RunError) as error:  # RunError: the tuning's BudgetError
+        sys.exit(f"error: {error}")

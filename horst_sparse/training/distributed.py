@@ -1,0 +1,193 @@
+"""Distributed training: the process group from `torchrun` or SLURM environment variables, and
+the two ways a pipeline spreads its model over the processes (`parallelize`).
+
+* `ddp`: every process holds the whole model; `DistributedDataParallel` averages gradients.
+* `fsdp2`: `torch.distributed.fsdp.fully_shard` on each transformer block and on the root:
+  parameters, gradients and optimizer state become DTensors of which each process holds one
+  shard; the forward pass all-gathers a block's weights, the backward reduce-scatters its
+  gradients. Same arithmetic as DDP (the all-gathered weights are bitwise the whole ones), so
+  a run equals DDP's up to the rounding of the gradient-norm clip. Checkpoints go through
+  `torch.distributed.checkpoint` (`horst_sparse.training.checkpoint`); evaluation and pruning gather the
+  whole weights into a plain copy (`unsharded`).
+
+Launchers understood, in this order:
+* `torchrun` (or anything that exports RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR);
+* a SLURM job step (`srun`, or submitit's SLURM executor): SLURM_PROCID, SLURM_NTASKS,
+  SLURM_LOCALID, and the first host of SLURM_JOB_NODELIST as the rendezvous address;
+* submitit's local executor with several tasks.
+With none of them, or a single task, the run is a plain single process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import random
+import sys
+from typing import Callable, Iterable, Iterator
+
+import torch
+import torch.distributed as dist
+
+STRATEGIES = ("ddp", "fsdp2")
+
+
+@dataclasses.dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def _export_from_job_environment(job) -> None:
+    """Export torch's env:// variables from a submitit job environment (SLURM or local)."""
+    os.environ.setdefault("MASTER_ADDR", job.hostnames[0])
+    # Same port for every task of the job, different across jobs sharing a node.
+    os.environ.setdefault("MASTER_PORT", str(random.Random(job.job_id).randint(20000, 60000)))
+    os.environ["RANK"] = str(job.global_rank)
+    os.environ["WORLD_SIZE"] = str(job.num_tasks)
+    os.environ["LOCAL_RANK"] = str(job.local_rank)
+
+
+def _discover_launcher() -> None:
+    if "WORLD_SIZE" in os.environ:  # torchrun, or exported by hand
+        return
+    if "SLURM_PROCID" in os.environ and int(os.environ.get("SLURM_NTASKS", "1")) > 1:
+        from submitit.slurm.slurm import SlurmJobEnvironment
+
+        _export_from_job_environment(SlurmJobEnvironment())
+    elif os.environ.get("SUBMITIT_EXECUTOR") == "local":
+        from submitit.local.local import LocalJobEnvironment
+
+        job = LocalJobEnvironment()
+        if job.num_tasks > 1:
+            _export_from_job_environment(job)
+
+
+def init_distributed(device_type: str) -> DistInfo:
+    """Start the process group when launched with several processes (gloo on CPU, nccl on CUDA)."""
+    _discover_launcher()
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size <= 1:
+        return DistInfo()
+    info = DistInfo(int(os.environ["RANK"]), world_size, int(os.environ.get("LOCAL_RANK", "0")))
+    if not dist.is_initialized():
+        backend = "nccl" if device_type == "cuda" else "gloo"
+        device_id = torch.device("cuda", info.local_rank) if device_type == "cuda" else None
+        dist.init_process_group(backend=backend, rank=info.rank, world_size=world_size, device_id=device_id)
+    return info
+
+
+def shutdown_distributed() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def broadcast_object(obj):
+    """Rank 0's `obj` on every process (picklable; identity in a single process)."""
+    if not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum over processes (in place, also returned); identity in a single process."""
+    if dist.is_initialized():
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
+    """Mean over processes (in place, also returned); identity in a single process."""
+    if dist.is_initialized():
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        tensor /= dist.get_world_size()
+    return tensor
+
+
+def parallelize(
+    model: torch.nn.Module,
+    strategy: str,
+    *,
+    info: DistInfo,
+    device: torch.device,
+    compile: bool = False,
+    blocks: Iterable[torch.nn.Module] = (),
+) -> torch.nn.Module:
+    """The module the training loop calls, `model` spread over the processes as `strategy` says.
+
+    `ddp`: `model` (compiled if `compile`), in `DistributedDataParallel` when there are several
+    processes; `model` itself keeps the whole weights. `fsdp2`: `fully_shard` on each of
+    `blocks`, then on `model`, in place: its parameters become DTensor shards, so build the
+    optimizer after this call."""
+    if strategy == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh(device.type, (info.world_size,))
+        for block in blocks:
+            fully_shard(block, mesh=mesh)
+        return fully_shard(model, mesh=mesh)
+    train_model = torch.compile(model) if compile else model
+    if info.enabled:
+        from torch.nn.parallel import DistributedDataParallel
+
+        train_model = DistributedDataParallel(train_model, device_ids=[device.index] if device.type == "cuda" else None)
+    return train_model
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    """Whether `model`'s parameters are DTensor shards (FSDP2)."""
+    tensor = sys.modules.get("torch.distributed.tensor")  # not imported: no DTensor exists (its import takes seconds)
+    return tensor is not None and any(isinstance(p, tensor.DTensor) for p in model.parameters())
+
+
+@contextlib.contextmanager
+def gradient_sync(train_model: torch.nn.Module, enabled: bool) -> Iterator[None]:
+    """Reduce the gradients over the processes in this backward pass, or (`enabled=False`, a
+    gradient-accumulation micro-batch but the last) only accumulate them locally: DDP's
+    `no_sync`, FSDP2's `set_requires_gradient_sync`. Nothing to do in a single process."""
+    if enabled or not dist.is_initialized():
+        yield
+    elif hasattr(train_model, "set_requires_gradient_sync"):  # FSDP2
+        train_model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            train_model.set_requires_gradient_sync(True)
+    else:
+        with train_model.no_sync():
+            yield
+
+
+def unsharded(model: torch.nn.Module, build: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+    """`model` with its whole weights on every process, for evaluation and pruning: `model`
+    itself unless FSDP2 shards it; then a plain `build()` holding the all-gathered weights
+    (a collective: every process calls it). Building draws no random numbers from the run's
+    generators."""
+    if not is_sharded(model):
+        return model
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    device = next(iter(weights.values())).device
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        whole = build()
+    whole.load_state_dict(weights)
+    return whole

@@ -1,0 +1,30 @@
+"""The OmegaConf resolvers the configs may use, registered once for every entry point, test and
+SLURM job (horst_sparse/training/config.py imports this module). Each lets a control derive a value from the
+arm it controls instead of copying it.
+
+* `sum`: the sum of its arguments, e.g. `${sum:${tuned.horst.weight_decay},${tuned.horst.beta}}`.
+* `decay_matched`: the weight decay that gives AdamW, at its own tuned learning rate, as much
+  shrinkage per step as the arm named (configs/arm/adamw_decay.yaml: `${decay_matched:horst}`).
+  HORST shrinks a mirrored weight by (1 - lr_h wd_h) exp(-lr_h beta_h) ~ 1 - lr_h (wd_h + beta_h)
+  per step, AdamW by 1 - lr_a wd; equal when wd = (wd_h + beta_h) lr_h / lr_a. Both follow the
+  same schedule's shape, so the match holds at every step but the warm-up's.
+"""
+
+from __future__ import annotations
+
+from omegaconf import OmegaConf
+
+LR_KEYS = ("lr", "base_lr")  # a tuned file's learning rate: GPT-2's train.lr, the ViT's train.base_lr
+
+
+def decay_matched(arm: str, *, _root_) -> float:
+    controlled, adamw = _root_.tuned[arm], _root_.tuned.adamw
+    key = next(k for k in LR_KEYS if k in adamw)
+    return float((controlled.weight_decay + controlled.beta) * controlled[key] / adamw[key])
+
+
+RESOLVERS = {"sum": lambda *values: sum(values), "decay_matched": decay_matched}
+
+for _name, _resolver in RESOLVERS.items():
+    if not OmegaConf.has_resolver(_name):
+        OmegaConf.register_new_resolver(_name, _resolver)

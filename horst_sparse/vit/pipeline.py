@@ -1,0 +1,53 @@
+"""The ViT pipeline as the registry knows it (horst_sparse.pipeline)."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from horst_sparse.pipeline import Pipeline, TuningScore
+from horst_sparse.vit import export
+from horst_sparse.vit.config import check_prunable_set, register_configs, validate
+from horst_sparse.vit.data import check_imagefolder_root
+from horst_sparse.vit.run import run
+
+
+def check_data(cfg: Any) -> None:
+    """ImageNet's folders exist and look like ImageFolder; the digits and MNIST-1D are generated."""
+    if cfg.data.name == "imagefolder":
+        check_imagefolder_root(cfg.data.root)
+
+
+def check(cfg: Any, *, world_size: int) -> None:
+    validate(cfg, world_size=world_size)
+    check_prunable_set(cfg)
+
+
+def numbers(config: Mapping[str, Any], summary: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """Top-1 (%) of the final sparse model at the AC/DC target."""
+    acdc = config["acdc"]
+    top1 = None if summary is None or summary.get("top1") is None else 100.0 * summary["top1"]
+    return [{"metric": "top1", "method": "acdc", "pattern": acdc.get("pattern", "unstructured"),
+             "sparsity": float(acdc["sparsity"]), "value": top1}]  # fmt: skip
+
+
+def validation_top1(summary: Mapping[str, Any]) -> float:
+    return summary["top1"]
+
+
+PIPELINE = Pipeline(
+    name="vit",
+    config_name="train_vit",
+    script="train_vit.py",
+    run=run,
+    register_configs=register_configs,
+    validate=check,
+    check_data=check_data,
+    numbers=numbers,
+    tuning=TuningScore("validation top-1 of the final sparse model", "maximize", validation_top1),
+    export=export.export_run,
+    export_format="timm",
+    recipe_group="vit_recipe",
+    run_schema="schema_vit_run",
+    model_schema="model/schema_vit",
+    lr_key="train.base_lr",
+)

@@ -1,0 +1,102 @@
+"""`horst-sweep-status`: each cell of a SLURM sweep: done, failed (and why), running or pending;
+the finished ones into tables. SLURM's states, mapped beside the launcher that submits the jobs.
+
+    python train_vit.py -m +sweep=deit_table hydra/launcher=slurm hydra.launcher.wait=false ...
+    horst-sweep-status multirun/2026-12-01/10-00-00
+    horst-sweep-status multirun/2026-12-01/10-00-00 --tables results/deit   # and horst-tables
+
+It reads `<sweep>/jobs.json` (each cell's SLURM job and run folder, written by the SLURM
+launcher when it submits; hydra_plugins/horst_slurm), the run folders (`summary.json`: done;
+`failed.json`: failed, with its reason) and, for the other cells, SLURM's state through
+submitit (one `sacct` call). A cell that SLURM ended (cancelled, out of memory, node failure,
+time-out) gets its `failed.json` here, as the launcher writes it when it waits, so that the
+tables list it among the failed runs.
+
+Exit status: 3 while some cells are pending or running, else 1 if any failed, else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from horst_sparse.training.run_log import FAILED_FILE, METRICS_FILE, SUMMARY_FILE
+from hydra_plugins.horst_slurm.slurm_launcher import JOBS_FILE
+
+# SLURM states of a job that will still run (PREEMPTED: on its way back to the queue when requeued).
+QUEUED = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "CONFIGURING", "PREEMPTED", "UNKNOWN"}
+RUNNING = {"RUNNING", "COMPLETING", "SUSPENDED", "SIGNALING", "STAGE_OUT", "RESIZING"}
+UNFINISHED_EXIT_CODE = 3
+
+
+def last_step(run_dir: Path) -> int | None:
+    """The step of the run log's last record (`metrics.jsonl`), if any."""
+    path = run_dir / METRICS_FILE
+    lines = path.read_text().splitlines() if path.exists() else []
+    return json.loads(lines[-1]).get("step") if lines else None
+
+
+def cell_states(sweep_dir: Path) -> list[dict]:
+    """One row per cell: `num`, `state` (done | failed | running | pending), `detail`, `run_dir`."""
+    import submitit
+
+    manifest = json.loads((sweep_dir / JOBS_FILE).read_text())
+    cells = manifest["cells"]
+    jobs = {c["slurm_job_id"]: submitit.SlurmJob(folder=manifest["submitit_folder"], job_id=c["slurm_job_id"]) for c in cells}
+    rows = []
+    for cell in cells:
+        run_dir, job_id = Path(cell["run_dir"]), cell["slurm_job_id"]
+        if (run_dir / SUMMARY_FILE).exists():
+            state, detail = "done", ""
+        elif (run_dir / FAILED_FILE).exists():
+            state, detail = "failed", json.loads((run_dir / FAILED_FILE).read_text())["reason"]
+        else:
+            slurm_state = jobs[job_id].state  # e.g. "RUNNING", "CANCELLED by 0", "OUT_OF_MEMORY"
+            name = slurm_state.split()[0]
+            if name in QUEUED:
+                state, detail = "pending", f"SLURM job {job_id} {slurm_state}"
+            elif name in RUNNING:
+                step = last_step(run_dir)
+                state, detail = "running", f"SLURM job {job_id}" + (f", at step {step}" if step is not None else ", starting")
+            else:  # ended without a summary: SLURM ended it, or it died outside Python's reach
+                from horst_sparse.training.runner import record_failed_cell  # torch and all: only when needed
+
+                state, detail = "failed", f"SLURM job {job_id} ended {slurm_state} without a summary"
+                record_failed_cell(
+                    run_dir, pipeline=manifest["pipeline"], reason=detail, exit_code=None, step=None,
+                    config=cell["config"], slurm_job_id=job_id, slurm_state=slurm_state,
+                )  # fmt: skip
+        rows.append({"num": cell["num"], "state": state, "detail": detail, "run_dir": str(run_dir)})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="horst-sweep-status", description=__doc__.split("\n\n")[0])
+    parser.add_argument("sweep_dir", type=Path, help="the multirun's folder (hydra.sweep.dir), holding jobs.json")
+    parser.add_argument("--tables", type=Path, metavar="OUT",
+                        help="then write the tables of the finished cells into OUT (horst-tables)")  # fmt: skip
+    args = parser.parse_args(argv)
+    if not (args.sweep_dir / JOBS_FILE).is_file():
+        parser.exit(2, f"error: {args.sweep_dir / JOBS_FILE} not found: give the folder of a sweep submitted with "
+                       "hydra/launcher=slurm or slurm_1gpu (hydra.sweep.dir)\n")  # fmt: skip
+    rows = cell_states(args.sweep_dir)
+    width = max(len(Path(r["run_dir"]).name) for r in rows)
+    for row in rows:
+        print(f"{Path(row['run_dir']).name:<{width}}  {row['state']:<7}  {row['detail']}".rstrip())
+    counts = {s: sum(r["state"] == s for r in rows) for s in ("done", "failed", "running", "pending")}
+    print(", ".join(f"{n} {s}" for s, n in counts.items()) + f" of {len(rows)} cells")
+    if args.tables:
+        from horst_sparse.analysis.report import tables_main
+
+        tables_main([str(args.sweep_dir), "--out", str(args.tables)])
+    elif counts["done"]:
+        print(f"tables of the finished cells: horst-tables {args.sweep_dir} --out OUT")
+    if counts["running"] or counts["pending"]:
+        return UNFINISHED_EXIT_CODE
+    return 1 if counts["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
