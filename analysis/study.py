@@ -434,7 +434,9 @@ def run_study(study: str, *, extra: Sequence[str] = (), report_only: bool = Fals
                          "their job; their numbers are not this code's. Delete their folders and rows of "
                          f"{record.relative_to(REPO) if record.is_relative_to(REPO) else record} to rerun them:\n  "
                          + "\n  ".join(problems))  # fmt: skip
-    check_provenance([*frame.git_commit.dropna().unique(), *tuning_commits(every)])
+    # The picks' commits too where the study is a comparison (code changed since a tuning may have
+    # moved its optimum); the demo only shows the pipelines at the picks they read.
+    check_provenance([*frame.git_commit.dropna().unique(), *(tuning_commits(every) if study == "embedded" else [])])
     done = set(frame.run)
     todo = [j for j in jobs if j.run not in done]
     print(f"{len(todo)} of {len(jobs)} runs to do", flush=True)
