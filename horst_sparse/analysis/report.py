@@ -222,8 +222,8 @@ def write_report(frame: pd.DataFrame, out: Path, *, rules: dict[str, Any] | None
                   "(horst_sparse/analysis/claims.yaml): numbers on the split that tuned values were picked on favour the tuned arms.\n")  # fmt: skip
     commits = sorted(frame.git_commit.dropna().map(lambda c: c[:12] + ("-dirty" if c.endswith("-dirty") else "")).unique())
     intro += (f"\n{frame.run.nunique()} runs ({', '.join(f'{p}: {n}' for p, n in frame.drop_duplicates('run').pipeline.value_counts().items())}) "
-              f"from commit(s) {', '.join(f'`{c}`' for c in commits)}. Files: tables.md (and vit_acdc / gpt2_pruning as "
-              "CSV and LaTeX), paired.md/.csv, claims.md/.csv (verdicts and the power table), headline.md, the figures.\n\n")  # fmt: skip
+              f"from commit(s) {', '.join(f'`{c}`' for c in commits)}. Files: tables.md (each table also as "
+              "<pipeline>_<metric>.csv and .tex), paired.md/.csv, claims.md/.csv (verdicts and the power table), headline.md, the figures.\n\n")  # fmt: skip
     (out / "README.md").write_text(intro + headline)
     return claims_md
 

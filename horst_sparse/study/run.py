@@ -315,7 +315,7 @@ def readme(study: str, frame: pd.DataFrame, jobs: Sequence[Job], extra: Sequence
     target = {" --demo": "make demo", " --demo --out results/demo": "make demo-reference", "": "make study"}.get(flags, "")
     return f"""# The {study} study
 
-Written by `python scripts/embedded_study.py{flags}`{f' ({target})' if target else ''}:
+Written by `horst-study{flags}`{f' ({target})' if target else ''}:
 {len(frame.run.unique())} of {len(jobs)} planned runs, measured on the {split} split, from commit(s) {commits}
 ({hours:.1f} h of run time). The runs are the multiruns of the study's presets
 (configs/study/, arms in configs/arm/; each preset's header says what it runs and what was cut
@@ -325,14 +325,14 @@ to fit the budget):
 
 `runs.csv` is the record (one line per run and number; the study resumes from it). The tables,
 paired differences, the claims' verdicts (by the rules of horst_sparse/analysis/claims.yaml), the power table
-and the figures are written from it, into this folder with this file, by `python
-scripts/embedded_study.py{flags} --report-only` (no runs);
-`python scripts/study_report.py {folder}/runs.csv --out <folder>` writes the same tables and
+and the figures are written from it, into this folder with this file, by
+`horst-study{flags} --report-only` (no runs);
+`horst-study-report {folder}/runs.csv --out <folder>` writes the same tables and
 figures into another folder. `make check-results` reruns seed 0 of one cell per pipeline.
 
 ## Cost, as measured
 
-Tuning (configs/study/tuning.yaml: `scripts/tune.py` per optimizer, the same trials for each,
+Tuning (configs/study/tuning.yaml: `horst-tune` per optimizer, the same trials for each,
 every trial one run of the recipe on the validation split, results/tuning/) and the runs:
 
 {cost_table(frame, jobs)}
