@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: demo demo-reference study check-results test test-slurm test-all bench gpu-check venv clean
+.PHONY: demo demo-reference lint study check-results test test-slurm test-all bench gpu-check venv clean
 
 venv: $(STAMP)
 
@@ -44,8 +44,13 @@ check-results: $(STAMP)
 # imports and polls; on 2 cores the suite takes about half the time of one process).
 TEST_WORKERS ?= 2
 
-test: $(STAMP)
+test: $(STAMP) lint
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=15
+
+# One formatter and linter (ruff; its rules in pyproject.toml): part of make test, so of CI
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 # The sweeps on the real SLURM test cluster (as root: bash scripts/slurm_cluster.sh install && ... start)
 test-slurm: $(STAMP)

@@ -73,7 +73,10 @@ def main() -> None:
         "HORST sm (fast path)": (lambda: horst.HORST(params, lr=1e-4, weight_decay=0.1, order="sm", fused=True), adamw),
         lion: (lambda: horst.HORSTLion(params, lr=1e-5, weight_decay=0.1, alpha=0.0, beta=0.0, fused=True), lion),
         "Lion foreach (timm)": (lambda: Lion(params, lr=1e-5, weight_decay=0.1, foreach=True), lion),
-        "HORSTLion (fast path)": (lambda: horst.HORSTLion(params, lr=1e-5, weight_decay=0.1, beta=0.1, fused=True), lion),
+        "HORSTLion (fast path)": (
+            lambda: horst.HORSTLion(params, lr=1e-5, weight_decay=0.1, beta=0.1, fused=True),
+            lion,
+        ),
         sgd: (lambda: torch.optim.SGD(params, lr=1e-3, momentum=0.9, fused=True), sgd),
         "HORSTSGD (fast path)": (lambda: horst.HORSTSGD(params, lr=1e-3, momentum=0.9, fused=True), sgd),
     }
@@ -105,22 +108,37 @@ def main() -> None:
 
     medians = {name: statistics.median(samples) for name, samples in times.items()}
     print(f"# bench/optimizer_step.py --rounds {args.rounds} --steps {args.steps} --device {args.device}")
-    commit = subprocess.run(["git", "describe", "--always", "--dirty", "--exclude=*"], capture_output=True, text=True,
-                            cwd=Path(__file__).resolve().parents[1]).stdout.strip() or "unknown"  # fmt: skip
-    print(f"# commit {commit}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}, "
-          f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}")
-    print(f"# torch {torch.__version__}, {platform.processor() or platform.machine()}, "
-          f"{torch.get_num_threads()} threads, {n_params / 1e6:.1f}M fp32 params (GPT-2 Small), "
-          f"{len(params)} tensors, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    print(f"# s/step: median over {args.rounds} interleaved rounds of {args.steps} steps; ratio: median over the "
-          "rounds of s/step / its baseline's in the same round (noise slower than a round cancels); "
-          "target <= 1.10 on the fast path")
+    commit = (
+        subprocess.run(
+            ["git", "describe", "--always", "--dirty", "--exclude=*"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).resolve().parents[1],
+        ).stdout.strip()
+        or "unknown"
+    )
+    print(
+        f"# commit {commit}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}, "
+        f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"
+    )
+    print(
+        f"# torch {torch.__version__}, {platform.processor() or platform.machine()}, "
+        f"{torch.get_num_threads()} threads, {n_params / 1e6:.1f}M fp32 params (GPT-2 Small), "
+        f"{len(params)} tensors, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    )
+    print(
+        f"# s/step: median over {args.rounds} interleaved rounds of {args.steps} steps; ratio: median over the "
+        "rounds of s/step / its baseline's in the same round (noise slower than a round cancels); "
+        "target <= 1.10 on the fast path"
+    )
     print(f"{'optimizer':<38} {'baseline':<38} {'s/step':>7} {'ratio':>6} {'min':>7} {'max':>7} {'1st step (s)':>12}")
     for name, samples in times.items():
         baseline = makers[name][1]
         ratio = statistics.median(t / b for t, b in zip(samples, times[baseline]))
-        print(f"{name:<38} {baseline:<38} {medians[name]:7.4f} {ratio:6.2f} "
-              f"{min(samples):7.4f} {max(samples):7.4f} {first_step[name]:12.1f}")
+        print(
+            f"{name:<38} {baseline:<38} {medians[name]:7.4f} {ratio:6.2f} "
+            f"{min(samples):7.4f} {max(samples):7.4f} {first_step[name]:12.1f}"
+        )
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ import os
 import platform
 import sys
 import time
-from pathlib import Path
 
 import torch
 
@@ -63,9 +62,7 @@ def sort_global(weights, sparsity):
     magnitudes = torch.cat([w.abs().flatten() for w in weights.values()])
     k = math.floor(sparsity * magnitudes.numel())
     threshold = torch.sort(magnitudes).values[k - 1]
-    return {name: weight.abs() > threshold for name, weight in weights.items()}, dict.fromkeys(
-        weights, threshold
-    )
+    return {name: weight.abs() > threshold for name, weight in weights.items()}, dict.fromkeys(weights, threshold)
 
 
 def kthvalue_layerwise(weights, sparsity):
@@ -80,9 +77,7 @@ def kthvalue_layerwise(weights, sparsity):
 def kthvalue_global(weights, sparsity):
     magnitudes = torch.cat([w.abs().flatten() for w in weights.values()])
     threshold = magnitudes.kthvalue(math.floor(sparsity * magnitudes.numel())).values
-    return {name: weight.abs() > threshold for name, weight in weights.items()}, dict.fromkeys(
-        weights, threshold
-    )
+    return {name: weight.abs() > threshold for name, weight in weights.items()}, dict.fromkeys(weights, threshold)
 
 
 def agrees_with_reference(weights, ours, reference, scope, sparsity):
@@ -123,9 +118,7 @@ def main() -> None:
     processor = platform.processor() or platform.machine()
     # OpenMP threads that spin while waiting burn the cores other jobs need; on a shared,
     # oversubscribed machine OMP_WAIT_POLICY=PASSIVE changes wall times several-fold.
-    omp_policy = (
-        f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']} " if "OMP_WAIT_POLICY" in os.environ else ""
-    )
+    omp_policy = f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']} " if "OMP_WAIT_POLICY" in os.environ else ""
     print(f"# command: {omp_policy}python bench/pruning.py {' '.join(sys.argv[1:])}".rstrip())
     print(f"# date: {datetime.datetime.now().isoformat(timespec='seconds')}")
     threads = torch.get_num_threads()
@@ -135,15 +128,15 @@ def main() -> None:
     print(f"# sparsity {args.sparsity}")
     print(f"# best of {args.repeats} runs ({args.reference_repeats} for the sort reference)\n")
 
-    print(f"{'scope':<10} {'method':<24} {'seconds':>8} {'x sort':>7} {'cpu s':>7} {'x sort':>7} "
-          f"{'target s':>10} {'target x sort':>14} {'exact+same':>11}")  # fmt: skip
+    print(
+        f"{'scope':<10} {'method':<24} {'seconds':>8} {'x sort':>7} {'cpu s':>7} {'x sort':>7} "
+        f"{'target s':>10} {'target x sort':>14} {'exact+same':>11}"
+    )
     for scope, sort_reference, kthvalue_reference in [
         ("layerwise", sort_layerwise, kthvalue_layerwise),
         ("global", sort_global, kthvalue_global),
     ]:
-        sort_wall, sort_cpu, reference = best_time(
-            args.reference_repeats, sort_reference, weights, args.sparsity
-        )
+        sort_wall, sort_cpu, reference = best_time(args.reference_repeats, sort_reference, weights, args.sparsity)
         kthvalue_wall, kthvalue_cpu, _ = best_time(args.repeats, kthvalue_reference, weights, args.sparsity)
         ours_wall, ours_cpu, ours = best_time(
             args.repeats, pruning.magnitude_masks, weights, args.sparsity, scope=scope

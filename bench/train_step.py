@@ -20,16 +20,14 @@ import platform
 import statistics
 import sys
 import time
-from pathlib import Path
-
 
 import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 import pruning
-from horst_sparse.training.env import autocast, autocast_dtype
 from horst_sparse.gpt2.model import build_model
+from horst_sparse.training.env import autocast, autocast_dtype
 from horst_sparse.training.optim import build_optimizer
 
 OPTIMIZERS = ("adamw", "ham", "horst")
@@ -62,9 +60,16 @@ def main() -> None:
 
     torch.manual_seed(0)
     model_cfg = OmegaConf.create(
-        dict(name="bench", n_layer=args.layers, n_head=max(1, args.width // 32), n_embd=args.width, n_positions=args.context,
-             dropout=0.0, tie_word_embeddings=True)
-    )  # fmt: skip
+        dict(
+            name="bench",
+            n_layer=args.layers,
+            n_head=max(1, args.width // 32),
+            n_embd=args.width,
+            n_positions=args.context,
+            dropout=0.0,
+            tie_word_embeddings=True,
+        )
+    )
     reference = build_model(model_cfg).to(device)
     runs = {}
     for name in OPTIMIZERS:
@@ -88,7 +93,7 @@ def main() -> None:
             torch.cuda.synchronize()
         return time.perf_counter() - start
 
-    for name, (model, optimizer) in runs.items():
+    for model, optimizer in runs.values():
         for _ in range(args.warmup):
             step(model, optimizer)
     times = {name: [] for name in runs}
@@ -99,10 +104,14 @@ def main() -> None:
     params = sum(p.numel() for p in reference.parameters())
     print(f"# command: python {' '.join(sys.argv)}")
     print(f"# date: {datetime.datetime.now().isoformat(timespec='seconds')}")
-    print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs ({platform.machine()})")
+    print(
+        f"# torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs ({platform.machine()})"
+    )
     if device.type == "cuda":
         print(f"# device {torch.cuda.get_device_name(device)}, autocast {dtype}")
-    print(f"# 1-minute load average before / after: {load_before:.1f} / {os.getloadavg()[0]:.1f} (other processes slow every row alike)")
+    print(
+        f"# 1-minute load average before / after: {load_before:.1f} / {os.getloadavg()[0]:.1f} (other processes slow every row alike)"
+    )
     print(
         f"# GPT-2 {args.layers} layers x {args.width} wide, {params / 1e6:.1f}M params, batch {args.batch} x "
         f"{args.context} tokens; median of {args.rounds} round-robin steps after {args.warmup} warm-up steps"

@@ -137,8 +137,9 @@ def build() -> Path:
         problem = f"{folder}: {error}"
     warnings.warn(
         f"horst: not loading the C kernel from the cache ({problem}); building it in a private folder",
-        KernelCacheWarning, stacklevel=2,
-    )  # fmt: skip
+        KernelCacheWarning,
+        stacklevel=2,
+    )
     return _compile(compiler, flags, _private_dir() / name)
 
 
@@ -164,9 +165,7 @@ def _compile(compiler: str, flags: list[str], library: Path) -> Path:
     # build next to the target and rename: a process that loads the library sees all of it or none
     with tempfile.TemporaryDirectory(dir=library.parent) as tmp:
         partial = Path(tmp) / library.name
-        result = subprocess.run(
-            [compiler, *flags, str(SOURCE), "-o", str(partial)], capture_output=True, text=True
-        )
+        result = subprocess.run([compiler, *flags, str(SOURCE), "-o", str(partial)], capture_output=True, text=True)
         if result.returncode != 0:
             raise KernelBuildError(f"{compiler} failed on {SOURCE.name}:\n{result.stderr.strip()}")
         os.chmod(partial, 0o755)
@@ -183,10 +182,20 @@ def _kernel() -> ctypes.CDLL:
     function = library.horst_mirror_step_f32
     pointers = ctypes.POINTER(ctypes.c_void_p)
     function.argtypes = [
-        ctypes.c_int64, pointers, pointers, pointers, pointers, ctypes.POINTER(ctypes.c_int64),
-        ctypes.c_int64, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_float), ctypes.c_int, ctypes.c_int,
-        ctypes.c_int, ctypes.POINTER(ctypes.c_double),
-    ]  # fmt: skip
+        ctypes.c_int64,
+        pointers,
+        pointers,
+        pointers,
+        pointers,
+        ctypes.POINTER(ctypes.c_int64),
+        ctypes.c_int64,
+        ctypes.POINTER(ctypes.c_int64),
+        ctypes.POINTER(ctypes.c_float),
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.POINTER(ctypes.c_double),
+    ]
     function.restype = ctypes.c_int
     return function
 
@@ -198,14 +207,21 @@ def supports(tensors: tuple[Tensor, ...]) -> bool:
     (no subclass: a DTensor's ``data_ptr()`` is 0 and its ``numel()`` the global one) holding
     memory of its own."""
     return len(tensors) <= 4 and all(
-        type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type == "cpu" and t.dtype == torch.float32
+        type(t) in (torch.Tensor, torch.nn.Parameter)
+        and t.device.type == "cpu"
+        and t.dtype == torch.float32
         and t.data_ptr() != 0
         for t in tensors
-    )  # fmt: skip
+    )
 
 
 def mirror_step_f32_(
-    tensors: list[tuple[Tensor, ...]], scalars: tuple[float, ...], *, base: int, mode: int, sums_of_squares: bool = False
+    tensors: list[tuple[Tensor, ...]],
+    scalars: tuple[float, ...],
+    *,
+    base: int,
+    mode: int,
+    sums_of_squares: bool = False,
 ) -> list[float] | None:
     """One step over ``(param, grad, *state)`` tuples of dense float32 CPU tensors (``supports``),
     one call. ``scalars`` in ``horst.functional.SCALARS`` order. With ``sums_of_squares``, returns
@@ -223,9 +239,17 @@ def mirror_step_f32_(
         block_starts.append(block_starts[-1] + -(-size // BLOCK))
     block_sums = (ctypes.c_double * block_starts[-1])() if sums_of_squares else None
     status = _kernel()(
-        count, *arrays, (ctypes.c_int64 * count)(*sizes), BLOCK, (ctypes.c_int64 * (count + 1))(*block_starts),
-        (ctypes.c_float * len(scalars))(*scalars), base, mode, torch.get_num_threads(), block_sums,
-    )  # fmt: skip
+        count,
+        *arrays,
+        (ctypes.c_int64 * count)(*sizes),
+        BLOCK,
+        (ctypes.c_int64 * (count + 1))(*block_starts),
+        (ctypes.c_float * len(scalars))(*scalars),
+        base,
+        mode,
+        torch.get_num_threads(),
+        block_sums,
+    )
     if status != 0:
         raise ValueError(f"C kernel: unknown base {base} or mode {mode}")
     if block_sums is None:

@@ -193,7 +193,9 @@ def _compiled_step(
         return False
     param, grad, *state = tensors
     try:
-        _compiled_kernel()(descend, param, grad, tuple(state), packed[param.device, compute_dtype(param.dtype)], order, guard)
+        _compiled_kernel()(
+            descend, param, grad, tuple(state), packed[param.device, compute_dtype(param.dtype)], order, guard
+        )
     except Exception as error:  # noqa: BLE001 - any compiler failure: fall back, loudly
         _give_up("torch.compile", error, "plain path")
         return False

@@ -75,11 +75,18 @@ class _AdamWBase(MirrorOptimizer):
         alpha_u, alpha_g, lr_beta, clip = mirror
         return scalars(
             grad_scale=-1.0 if group["maximize"] else 1.0,
-            one_minus_beta1=1 - beta1, beta2=beta2, one_minus_beta2=1 - beta2,
-            decay=1 - lr * group["weight_decay"], neg_step_size=-(lr / (1 - beta1**step)),
-            bias_correction2_sqrt=math.sqrt(1 - beta2**step), eps=group["eps"],
-            alpha_u=alpha_u, alpha_g=alpha_g, lr_beta=lr_beta, clip=clip,
-        )  # fmt: skip
+            one_minus_beta1=1 - beta1,
+            beta2=beta2,
+            one_minus_beta2=1 - beta2,
+            decay=1 - lr * group["weight_decay"],
+            neg_step_size=-(lr / (1 - beta1**step)),
+            bias_correction2_sqrt=math.sqrt(1 - beta2**step),
+            eps=group["eps"],
+            alpha_u=alpha_u,
+            alpha_g=alpha_g,
+            lr_beta=lr_beta,
+            clip=clip,
+        )
 
     def _descend(self, group: dict[str, Any]) -> tuple[Descend, int]:
         return adamw_descend, BASE_ADAMW
@@ -128,9 +135,14 @@ class HORST(_AdamWBase):
             lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, alpha=alpha, beta=beta, order=order
         )
         super().__init__(
-            params, defaults, maximize=maximize, foreach=foreach, fused=fused,
-            capturable=capturable, differentiable=differentiable,
-        )  # fmt: skip
+            params,
+            defaults,
+            maximize=maximize,
+            foreach=foreach,
+            fused=fused,
+            capturable=capturable,
+            differentiable=differentiable,
+        )
 
 
 class HAM(_AdamWBase):
@@ -167,13 +179,24 @@ class HAM(_AdamWBase):
         differentiable: bool = False,
     ) -> None:
         defaults = dict(
-            lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, alpha=alpha, beta=beta,
-            max_norm=max_norm, nan_guard=nan_guard,
-        )  # fmt: skip
+            lr=lr,
+            betas=tuple(betas),
+            eps=eps,
+            weight_decay=weight_decay,
+            alpha=alpha,
+            beta=beta,
+            max_norm=max_norm,
+            nan_guard=nan_guard,
+        )
         super().__init__(
-            params, defaults, maximize=maximize, foreach=foreach, fused=fused,
-            capturable=capturable, differentiable=differentiable,
-        )  # fmt: skip
+            params,
+            defaults,
+            maximize=maximize,
+            foreach=foreach,
+            fused=fused,
+            capturable=capturable,
+            differentiable=differentiable,
+        )
 
     def _check_base(self, group: dict[str, Any]) -> None:
         super()._check_base(group)

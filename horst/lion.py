@@ -63,9 +63,14 @@ class HORSTLion(MirrorOptimizer):
     ) -> None:
         defaults = dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay, alpha=alpha, beta=beta, order=order)
         super().__init__(
-            params, defaults, maximize=maximize, foreach=foreach, fused=fused,
-            capturable=capturable, differentiable=differentiable,
-        )  # fmt: skip
+            params,
+            defaults,
+            maximize=maximize,
+            foreach=foreach,
+            fused=fused,
+            capturable=capturable,
+            differentiable=differentiable,
+        )
 
     def _check_base(self, group: dict[str, Any]) -> None:
         check_betas(group["betas"])
@@ -83,10 +88,17 @@ class HORSTLion(MirrorOptimizer):
         beta1, beta2 = group["betas"]
         alpha_u, alpha_g, lr_beta, clip = mirror
         return scalars(
-            grad_scale=-1.0 if group["maximize"] else 1.0, beta1=beta1, one_minus_beta1=1 - beta1,
-            one_minus_beta2=1 - beta2, decay=1 - lr * group["weight_decay"], neg_step_size=-lr,
-            alpha_u=alpha_u, alpha_g=alpha_g, lr_beta=lr_beta, clip=clip,
-        )  # fmt: skip
+            grad_scale=-1.0 if group["maximize"] else 1.0,
+            beta1=beta1,
+            one_minus_beta1=1 - beta1,
+            one_minus_beta2=1 - beta2,
+            decay=1 - lr * group["weight_decay"],
+            neg_step_size=-lr,
+            alpha_u=alpha_u,
+            alpha_g=alpha_g,
+            lr_beta=lr_beta,
+            clip=clip,
+        )
 
     def _descend(self, group: dict[str, Any]) -> tuple[Descend, int]:
         return lion_descend, BASE_LION

@@ -175,8 +175,10 @@ class MirrorOptimizer(Optimizer):
                         continue
                     if state_name == "step":
                         if value.numel() != 1:
-                            raise ValueError(f"{name}.load_state_dict: 'step' of {where} has shape {tuple(value.shape)}, "
-                                             "not one value; nothing was loaded")  # fmt: skip
+                            raise ValueError(
+                                f"{name}.load_state_dict: 'step' of {where} has shape {tuple(value.shape)}, "
+                                "not one value; nothing was loaded"
+                            )
                         continue
                     if value.shape != param.shape:
                         raise ValueError(
@@ -253,10 +255,15 @@ class MirrorOptimizer(Optimizer):
         for (key, hyperbolic), entries in batches.items():
             mirror = self._mirror(group, lr) if hyperbolic else (0.0, 0.0, 0.0, math.inf)
             sums = mirror_step_foreach_(
-                descend, kernel_base, [tensors for _, tensors, _ in entries], self._scalars(group, lr, key, mirror),
-                order=group.get("order", "ms"), guard=hyperbolic and self._guard(group),
-                fast=use_fast_path(group["fused"]), sums_of_squares=self._needs_norms(group),
-            )  # fmt: skip
+                descend,
+                kernel_base,
+                [tensors for _, tensors, _ in entries],
+                self._scalars(group, lr, key, mirror),
+                order=group.get("order", "ms"),
+                guard=hyperbolic and self._guard(group),
+                fast=use_fast_path(group["fused"]),
+                sums_of_squares=self._needs_norms(group),
+            )
             for (param, _, whole), total in zip(entries, sums):
                 if whole and total is not None:
                     sums_of_squares[param] = total
@@ -277,7 +284,9 @@ def local_shards(tensors: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
         return tensors
     first = tensors[0]
     alike = all(
-        isinstance(t, dtensor_module.DTensor) and t.device_mesh == first.device_mesh and t.placements == first.placements
+        isinstance(t, dtensor_module.DTensor)
+        and t.device_mesh == first.device_mesh
+        and t.placements == first.placements
         for t in tensors
     )
     if not alike or any(placement.is_partial() for placement in first.placements):

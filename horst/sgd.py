@@ -82,13 +82,24 @@ class HORSTSGD(MirrorOptimizer):
         differentiable: bool = False,
     ) -> None:
         defaults = dict(
-            lr=lr, momentum=momentum, dampening=dampening, nesterov=nesterov,
-            weight_decay=weight_decay, alpha=alpha, beta=beta, order=order,
-        )  # fmt: skip
+            lr=lr,
+            momentum=momentum,
+            dampening=dampening,
+            nesterov=nesterov,
+            weight_decay=weight_decay,
+            alpha=alpha,
+            beta=beta,
+            order=order,
+        )
         super().__init__(
-            params, defaults, maximize=maximize, foreach=foreach, fused=fused,
-            capturable=capturable, differentiable=differentiable,
-        )  # fmt: skip
+            params,
+            defaults,
+            maximize=maximize,
+            foreach=foreach,
+            fused=fused,
+            capturable=capturable,
+            differentiable=differentiable,
+        )
 
     def _check_base(self, group: dict[str, Any]) -> None:
         check_non_negative(momentum=group["momentum"])
@@ -113,11 +124,17 @@ class HORSTSGD(MirrorOptimizer):
         alpha_u, alpha_g, lr_beta, clip = mirror
         momentum = group["momentum"]
         return scalars(
-            grad_scale=-1.0 if group["maximize"] else 1.0, momentum=momentum,
-            buffer_decay=0.0 if first else momentum, one_minus_dampening=1.0 if first else 1 - group["dampening"],
-            coupled_decay=group["weight_decay"], neg_step_size=-lr,
-            alpha_u=alpha_u, alpha_g=alpha_g, lr_beta=lr_beta, clip=clip,
-        )  # fmt: skip
+            grad_scale=-1.0 if group["maximize"] else 1.0,
+            momentum=momentum,
+            buffer_decay=0.0 if first else momentum,
+            one_minus_dampening=1.0 if first else 1 - group["dampening"],
+            coupled_decay=group["weight_decay"],
+            neg_step_size=-lr,
+            alpha_u=alpha_u,
+            alpha_g=alpha_g,
+            lr_beta=lr_beta,
+            clip=clip,
+        )
 
     def _descend(self, group: dict[str, Any]) -> tuple[Descend, int]:
         if group["momentum"] == 0:

@@ -20,14 +20,21 @@ from horst.lion import HORSTLion
 from horst.sgd import HORSTSGD
 
 OPTIMIZERS = (
-    OptimInfo("horst", HORST, "AdamW composed with HORST's hyperbolic mirror step (sparse, prunable weights)",
-              has_betas=True),
+    OptimInfo(
+        "horst", HORST, "AdamW composed with HORST's hyperbolic mirror step (sparse, prunable weights)", has_betas=True
+    ),
     OptimInfo("ham", HAM, "AdamW, then HAM's gradient-driven hyperbolic mirror step", has_betas=True),
-    OptimInfo("horstlion", HORSTLion, "Lion composed with HORST's hyperbolic mirror step", has_eps=False,
-              has_betas=True),
-    OptimInfo("horstsgd", HORSTSGD, "SGD (momentum 0.9 in timm) composed with HORST's hyperbolic mirror step",
-              has_eps=False, has_momentum=True),
-)  # fmt: skip
+    OptimInfo(
+        "horstlion", HORSTLion, "Lion composed with HORST's hyperbolic mirror step", has_eps=False, has_betas=True
+    ),
+    OptimInfo(
+        "horstsgd",
+        HORSTSGD,
+        "SGD (momentum 0.9 in timm) composed with HORST's hyperbolic mirror step",
+        has_eps=False,
+        has_momentum=True,
+    ),
+)
 
 
 def register(registry: OptimizerRegistry = default_registry) -> None:

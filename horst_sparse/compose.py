@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from horst_sparse.paths import CONFIGS
 from horst_sparse.pipeline import Pipeline
@@ -60,7 +61,9 @@ def compose_in_context(pipeline: Pipeline, overrides: Sequence[str], *, hydra_no
         raise ComposeError(one_line(error)) from None
 
 
-def compose(pipeline: Pipeline, overrides: Sequence[str] = (), *, config_dir: Path = CONFIGS, hydra_node: bool = False) -> Any:
+def compose(
+    pipeline: Pipeline, overrides: Sequence[str] = (), *, config_dir: Path = CONFIGS, hydra_node: bool = False
+) -> Any:
     """The pipeline's config (a DictConfig) as `python <its script> <overrides>` composes it."""
     pipeline.register_configs()
     with hydra_context(config_dir):
@@ -86,11 +89,15 @@ def sweep_jobs(arguments: Sequence[str], *, config_loader: Any = None) -> list[l
         elif override.is_discrete_sweep():
             values[key] = [f"{key}={value}" for value in override.sweep_string_iterator()]
         else:
-            raise ComposeError(f"{override.input_line}: Hydra's basic sweeper sweeps lists, not {override.value_type.name}")
+            raise ComposeError(
+                f"{override.input_line}: Hydra's basic sweeper sweeps lists, not {override.value_type.name}"
+            )
     return [list(job) for job in itertools.product(*values.values())]
 
 
-def expand(pipeline: Pipeline, overrides: Sequence[str], *, config_dir: Path = CONFIGS) -> tuple[Any, list[tuple[list[str], Any]]]:
+def expand(
+    pipeline: Pipeline, overrides: Sequence[str], *, config_dir: Path = CONFIGS
+) -> tuple[Any, list[tuple[list[str], Any]]]:
     """(the multirun's base config, its jobs as (sweep overrides, composed config)): every job
     composed as Hydra's multirun composes it, `hydra.job.num` and `hydra.job.id` set.
 

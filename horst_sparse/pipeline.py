@@ -18,8 +18,9 @@ from __future__ import annotations
 import difflib
 import importlib.metadata
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 GROUP = "horst_sparse.pipelines"
 
@@ -53,7 +54,9 @@ class Pipeline:
     tuning: TuningScore
     export: Callable[..., dict] | None  # export(run_folder, out, **options) -> facts; None: no export
     export_format: str | None  # `--to` of the export command (hf, timm)
-    recipe_group: str  # its config group of recipes (`vit_recipe`), which picks its tuned values (configs/tuned/<name>/)
+    recipe_group: (
+        str  # its config group of recipes (`vit_recipe`), which picks its tuned values (configs/tuned/<name>/)
+    )
     run_schema: str  # the name of its run config's schema in Hydra's ConfigStore (`schema_vit_run`)
     model_schema: str  # its model schema's (`model/schema_vit`)
     lr_key: str  # the config key of its learning rate (`train.base_lr`)

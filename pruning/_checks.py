@@ -16,13 +16,10 @@ def check_sparsity(sparsity: float) -> None:
 def check_weights(weights: Mapping[str, Tensor]) -> None:
     if not isinstance(weights, Mapping):
         raise ValueError(
-            "weights must be a mapping {name: tensor} (e.g. from prunable_parameters), "
-            f"got {type(weights).__name__}"
+            f"weights must be a mapping {{name: tensor}} (e.g. from prunable_parameters), got {type(weights).__name__}"
         )
     if not weights:
         raise ValueError("weights is empty; nothing to prune (check the prunable selection)")
     for name, weight in weights.items():
         if not isinstance(weight, Tensor) or not weight.is_floating_point():
-            raise ValueError(
-                f"weights[{name!r}] must be a floating-point tensor, got {type(weight).__name__}"
-            )
+            raise ValueError(f"weights[{name!r}] must be a floating-point tensor, got {type(weight).__name__}")

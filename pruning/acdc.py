@@ -92,9 +92,7 @@ class ACDCSchedule:
         self.lengths = lengths
         phases = [(DENSE, dense_warmup)] if dense_warmup else []
         phases.append((COMPRESSED, compressed))
-        phases += [(DECOMPRESSED, decompressed), (COMPRESSED, compressed)] * (
-            (total_epochs - shortest) // cycle
-        )
+        phases += [(DECOMPRESSED, decompressed), (COMPRESSED, compressed)] * ((total_epochs - shortest) // cycle)
         phases += [(DECOMPRESSED, final_decompressed), (COMPRESSED, final_compressed)]
         self.phases: tuple[Phase, ...] = tuple(_consecutive(phases))
         self._starts = [phase.start for phase in self.phases]

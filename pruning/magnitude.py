@@ -40,9 +40,7 @@ _SAMPLE_SIZE = 1 << 15
 _SAMPLE_SIGMAS = 4.0
 
 
-def magnitude_masks(
-    weights: Mapping[str, Tensor], sparsity: float, *, scope: str = "layerwise"
-) -> dict[str, Tensor]:
+def magnitude_masks(weights: Mapping[str, Tensor], sparsity: float, *, scope: str = "layerwise") -> dict[str, Tensor]:
     """Bool masks (True = kept) that remove the smallest-magnitude fraction ``sparsity``.
 
     Args:
@@ -80,9 +78,7 @@ def apply_masks_(weights: Mapping[str, Tensor], masks: Mapping[str, Tensor]) -> 
             weights[name].masked_fill_(~mask, 0)
 
 
-def _prune_smallest(
-    flat: Sequence[Tensor], sparsity: float, dtype: torch.dtype, scratch: _Scratch
-) -> list[Tensor]:
+def _prune_smallest(flat: Sequence[Tensor], sparsity: float, dtype: torch.dtype, scratch: _Scratch) -> list[Tensor]:
     """Keep-masks over the concatenation of the flat tensors ``flat`` that drop exactly
     floor(sparsity * N) entries: the smallest |w| (compared in ``dtype``), and among
     ties the earliest."""
@@ -99,9 +95,7 @@ def _prune_smallest(
     return _prune_within(flat, num_pruned, -unbounded, unbounded, dtype, scratch)
 
 
-def _sampled_bracket(
-    flat: Sequence[Tensor], num_pruned: int, total: int, dtype: torch.dtype
-) -> tuple[Tensor, Tensor]:
+def _sampled_bracket(flat: Sequence[Tensor], num_pruned: int, total: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """Values (low, high) that very likely enclose the num_pruned-th smallest |w|, from
     a strided sample. The stride is prime, so it cycles through the columns of any
     matrix whose row length it does not divide."""

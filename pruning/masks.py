@@ -70,9 +70,7 @@ class Sparsifier:
         checked = {}
         for name, mask in masks.items():
             if name not in self.weights:
-                raise ValueError(
-                    f"mask for unknown weight {name!r}; known weights: {sorted(self.weights)[:8]} ..."
-                )
+                raise ValueError(f"mask for unknown weight {name!r}; known weights: {sorted(self.weights)[:8]} ...")
             weight = self.weights[name]
             if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.shape != weight.shape:
                 raise ValueError(

@@ -57,9 +57,7 @@ def _nm_mask(weight: Tensor, n: int, m: int, dim: int) -> Tensor:
 def _dim_of(name: str, weight: Tensor, dim: int | Mapping[str, int]) -> int:
     if isinstance(dim, Mapping):
         if name not in dim:
-            raise ValueError(
-                f"dim has no entry for weight {name!r}; pass one per weight (see pruning.input_dims)"
-            )
+            raise ValueError(f"dim has no entry for weight {name!r}; pass one per weight (see pruning.input_dims)")
         dim = dim[name]
     if not -weight.ndim <= dim < weight.ndim:
         raise ValueError(f"dim={dim} is out of range for weight {name!r} of shape {tuple(weight.shape)}")

@@ -35,7 +35,7 @@ def parse_pattern(pattern: str) -> tuple[int, int] | None:
     if match is None or not 0 < int(match.group(1)) < int(match.group(2)):
         raise ValueError(
             f"pattern={pattern!r} is unknown; use 'unstructured' or 'n:m' with 0 < n < m such as '2:4' "
-            "(in YAML quote it: \"2:4\", unquoted YAML reads 2:4 as the number 124)"
+            '(in YAML quote it: "2:4", unquoted YAML reads 2:4 as the number 124)'
         )
     return int(match.group(1)), int(match.group(2))
 

@@ -45,8 +45,9 @@ def conv1d_to_linear_(model: nn.Module, names: Iterable[str] | None = None) -> l
         if not _is_instance(module, ("Conv1D",)) or (wanted is not None and name not in wanted):
             continue
         weight = module.weight  # [in, out]
-        linear = nn.Linear(weight.shape[0], weight.shape[1], bias=module.bias is not None,
-                           device=weight.device, dtype=weight.dtype)  # fmt: skip
+        linear = nn.Linear(
+            weight.shape[0], weight.shape[1], bias=module.bias is not None, device=weight.device, dtype=weight.dtype
+        )
         with torch.no_grad():
             linear.weight.copy_(weight.t())
             if module.bias is not None:

@@ -69,9 +69,7 @@ def _data_range(weights: Mapping[str, Tensor], log: bool) -> tuple[float, float]
         if values.numel():
             low, high = min(low, float(values.min())), max(high, float(values.max()))
     if low > high:
-        raise ValueError(
-            "all weights are zero: a log-magnitude histogram has nothing to count (use log=False)"
-        )
+        raise ValueError("all weights are zero: a log-magnitude histogram has nothing to count (use log=False)")
     if low == high:
         low, high = low - 0.5, high + 0.5
     return low, high

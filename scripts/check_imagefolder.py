@@ -24,7 +24,6 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-
 from horst_sparse.vit.data import check_imagefolder_root, minival_indices, read_image
 
 
@@ -59,7 +58,9 @@ def main(argv: list[str] | None = None) -> int:
             held = minival_indices(train.samples, root / "train", size=args.minival_size)
         except RunError as error:
             sys.exit(f"error: {error}")
-        args.minival_list.write_text("".join(f"{Path(train.samples[i][0]).relative_to(root / 'train').as_posix()}\n" for i in held))
+        args.minival_list.write_text(
+            "".join(f"{Path(train.samples[i][0]).relative_to(root / 'train').as_posix()}\n" for i in held)
+        )
         print(f"wrote the {len(held)} minival images to {args.minival_list}")
     files = sorted(str(p) for split in ("train", "val") for p in (root / split).glob("*/*") if p.is_file())
     bad = []
@@ -69,7 +70,10 @@ def main(argv: list[str] | None = None) -> int:
             if reason is not None:
                 bad.append(path)
                 tqdm.write(f"{path}: {reason}")
-    print(f"{len(bad)} of {len(files)} files cannot be read" + (": remove or replace them, or train with data.skip_corrupt=true" if bad else ""))
+    print(
+        f"{len(bad)} of {len(files)} files cannot be read"
+        + (": remove or replace them, or train with data.skip_corrupt=true" if bad else "")
+    )
     return 1 if bad else 0
 
 

@@ -21,12 +21,19 @@ import os
 import sys
 from pathlib import Path
 
-
 import numpy as np
 import pyarrow.compute as pc
 from tqdm import tqdm
 
-from horst_sparse.gpt2.data import EOT, META_FILE, SPLIT_FILES, encode_documents, gpt2_tokenizer, write_meta, write_tokens
+from horst_sparse.gpt2.data import (
+    EOT,
+    META_FILE,
+    SPLIT_FILES,
+    encode_documents,
+    gpt2_tokenizer,
+    write_meta,
+    write_tokens,
+)
 
 HUB_ID = "DKYoon/SlimPajama-6B"
 
@@ -42,7 +49,11 @@ def load_split(source: str, split: str, *, cache_dir: str | None):
     try:
         return datasets.load_dataset(source, split=split, cache_dir=cache_dir)
     except (FileNotFoundError, ValueError, ConnectionError) as error:
-        where = "local folder" if Path(source).exists() else "hub dataset (offline? set HF_HUB_OFFLINE=0, or pass a local folder)"
+        where = (
+            "local folder"
+            if Path(source).exists()
+            else "hub dataset (offline? set HF_HUB_OFFLINE=0, or pass a local folder)"
+        )
         sys.exit(f"error: cannot load split {split!r} of {where} {source}: {type(error).__name__}: {error}")
 
 
@@ -76,10 +87,14 @@ def prepare_split(source: str, split: str, out_path: Path, *, num_proc: int, cac
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--source", default=HUB_ID, help=f"hub dataset id or local folder of parquet files (default {HUB_ID})")
+    parser.add_argument(
+        "--source", default=HUB_ID, help=f"hub dataset id or local folder of parquet files (default {HUB_ID})"
+    )
     parser.add_argument("--out", default="data/slimpajama_6b", help="output folder (default data/slimpajama_6b)")
     parser.add_argument("--train-split", default="train")
-    parser.add_argument("--val-split", default="validation", help="the dataset's split for validation (monitoring, tuning)")
+    parser.add_argument(
+        "--val-split", default="validation", help="the dataset's split for validation (monitoring, tuning)"
+    )
     parser.add_argument("--test-split", default="test", help="the dataset's split for test (the reported numbers)")
     parser.add_argument("--num-proc", type=int, default=os.cpu_count(), help="tokenizer processes (default: all cores)")
     parser.add_argument("--cache-dir", default=None, help="datasets cache folder (default: the Hugging Face cache)")

@@ -105,7 +105,6 @@ import numpy as np
 import torch
 from scipy.optimize import linprog, minimize
 
-
 import horst
 
 DEFAULT_OUT = Path("outputs") / "toy"  # the committed table is regenerated with --out results/toy
@@ -194,9 +193,13 @@ def hyperbolic_entropy_interpolant(
         return (X * _exp_minus_linear(alpha * np.abs(X.T @ mu + shift))[2]) @ X.T
 
     result = minimize(
-        objective, np.zeros(n), jac=True, hess=hessian, method="trust-exact",
+        objective,
+        np.zeros(n),
+        jac=True,
+        hess=hessian,
+        method="trust-exact",
         options={"gtol": 1e-12 * max(1.0, float(np.linalg.norm(y))), "maxiter": 2000},
-    )  # fmt: skip
+    )
     # The trust region stops once the dual's value no longer resolves progress (its gradient
     # X theta - y can then still be ~1e-8); plain Newton steps, kept while they shrink the gradient,
     # take it to round-off.
@@ -265,39 +268,66 @@ def build_methods(args: argparse.Namespace, problem: Problem) -> list[Method]:
     cos = cosine(args.lr, args.steps)
     methods = [
         Method(
-            "GD", "GD", lambda p: torch.optim.SGD(p, lr=gd_lr), lambda _: gd_lr, args.max_steps,
-            stop_at_interpolation=True, settings=f"lr {gd_lr:.3g}",
+            "GD",
+            "GD",
+            lambda p: torch.optim.SGD(p, lr=gd_lr),
+            lambda _: gd_lr,
+            args.max_steps,
+            stop_at_interpolation=True,
+            settings=f"lr {gd_lr:.3g}",
         ),
         Method(
-            f"HAM over GD (alpha={args.ham_alpha:g})", "HAM-GD",
+            f"HAM over GD (alpha={args.ham_alpha:g})",
+            "HAM-GD",
             lambda p: horst.HORSTSGD(p, lr=args.ham_lr, alpha=args.ham_alpha, beta=0.0),
-            linear_warmup(args.ham_lr0, args.ham_lr, args.ham_warmup), args.max_steps,
-            init=args.init_scale, hyperbolic=True, stop_at_interpolation=True, alpha=args.ham_alpha,
+            linear_warmup(args.ham_lr0, args.ham_lr, args.ham_warmup),
+            args.max_steps,
+            init=args.init_scale,
+            hyperbolic=True,
+            stop_at_interpolation=True,
+            alpha=args.ham_alpha,
             settings=f"lr {args.ham_lr0:g}->{args.ham_lr:g} over {args.ham_warmup}, beta 0",
         ),
         Method(
-            "Adam", "Adam", lambda p: torch.optim.Adam(p, lr=args.lr), cos, args.steps,
+            "Adam",
+            "Adam",
+            lambda p: torch.optim.Adam(p, lr=args.lr),
+            cos,
+            args.steps,
             settings=f"lr {args.lr:g} cos",
         ),
         Method(
-            f"AdamW (wd={args.adamw_weight_decay:g})", "AdamW",
-            lambda p: torch.optim.AdamW(p, lr=args.lr, weight_decay=args.adamw_weight_decay), cos, args.steps,
+            f"AdamW (wd={args.adamw_weight_decay:g})",
+            "AdamW",
+            lambda p: torch.optim.AdamW(p, lr=args.lr, weight_decay=args.adamw_weight_decay),
+            cos,
+            args.steps,
             settings=f"lr {args.lr:g} cos",
         ),
-    ]  # fmt: skip
+    ]
     for order, family in (("ms", "HORST"), ("sm", "HORST-sm")):
         for alpha in args.alphas:
             methods.append(
                 Method(
-                    f"{family} (alpha={alpha:g}, beta={args.beta:g})", family,
+                    f"{family} (alpha={alpha:g}, beta={args.beta:g})",
+                    family,
                     lambda p, alpha=alpha, order=order: horst.HORST(
-                        p, lr=args.lr, alpha=alpha, beta=args.beta, order=order,
-                        weight_decay=args.horst_weight_decay, fused=False,
+                        p,
+                        lr=args.lr,
+                        alpha=alpha,
+                        beta=args.beta,
+                        order=order,
+                        weight_decay=args.horst_weight_decay,
+                        fused=False,
                     ),
-                    cos, args.steps, init=args.init_scale, hyperbolic=True, alpha=alpha,
+                    cos,
+                    args.steps,
+                    init=args.init_scale,
+                    hyperbolic=True,
+                    alpha=alpha,
                     settings=f"lr {args.lr:g} cos, wd {args.horst_weight_decay:g}",
                 )
-            )  # fmt: skip
+            )
     return methods
 
 
@@ -348,9 +378,7 @@ def relative_distance(theta: np.ndarray, reference: np.ndarray) -> float:
     return float(np.linalg.norm(theta - reference) / np.linalg.norm(reference))
 
 
-def summarize(
-    theta: np.ndarray, references: dict[str, np.ndarray], *, nnz_threshold: float
-) -> dict[str, float]:
+def summarize(theta: np.ndarray, references: dict[str, np.ndarray], *, nnz_threshold: float) -> dict[str, float]:
     row = {
         "L1": float(np.abs(theta).sum()),
         "L2": float(np.linalg.norm(theta)),
@@ -373,8 +401,16 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
-def plot(path: Path, problem: Problem, references: dict[str, np.ndarray], runs: dict[str, Run],
-         methods: list[Method], *, ham_alpha: float, alpha_curve: dict[float, float]) -> None:  # fmt: skip
+def plot(
+    path: Path,
+    problem: Problem,
+    references: dict[str, np.ndarray],
+    runs: dict[str, Run],
+    methods: list[Method],
+    *,
+    ham_alpha: float,
+    alpha_curve: dict[float, float],
+) -> None:
     """Left: sorted coefficient magnitudes; right: L1 norm against alpha for HORST / HORST-sm.
 
     ``alpha_curve`` maps alpha to the L1 norm of the R_alpha reference (HAM over GD's limit)."""
@@ -392,8 +428,14 @@ def plot(path: Path, problem: Problem, references: dict[str, np.ndarray], runs: 
     for name, theta in references.items():
         label = name if name != "R_alpha" else f"argmin R_alpha, alpha={ham_alpha:g}"
         magnitudes = np.maximum(np.sort(np.abs(theta))[::-1], floor)
-        left.semilogy(np.arange(1, len(theta) + 1), magnitudes, reference_styles[name], color="k",
-                      label=f"{label} (reference)", linewidth=2.0)  # fmt: skip
+        left.semilogy(
+            np.arange(1, len(theta) + 1),
+            magnitudes,
+            reference_styles[name],
+            color="k",
+            label=f"{label} (reference)",
+            linewidth=2.0,
+        )
     for family in ("GD", "HAM-GD", "Adam", "AdamW", "HORST", "HORST-sm"):
         method = max(by_family[family], key=lambda m: m.alpha or 0.0)  # a sweep's largest alpha
         magnitudes = np.maximum(np.sort(np.abs(runs[method.name].theta))[::-1], floor)
@@ -416,8 +458,10 @@ def plot(path: Path, problem: Problem, references: dict[str, np.ndarray], runs: 
         right.set_xscale("log")
     right.set(xlabel="alpha", ylabel="||theta||_1", title="L1 norm of the solution against alpha")
     right.legend(fontsize=7)
-    fig.suptitle(f"underdetermined least squares, n={problem.X.shape[0]}, d={problem.X.shape[1]}, "
-                 f"k={int((problem.theta_star != 0).sum())}")  # fmt: skip
+    fig.suptitle(
+        f"underdetermined least squares, n={problem.X.shape[0]}, d={problem.X.shape[1]}, "
+        f"k={int((problem.theta_star != 0).sum())}"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -444,17 +488,25 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     runs.add_argument("--ham-lr", type=float, default=0.02, help="HAM over GD lr after warm-up")
     runs.add_argument("--ham-lr0", type=float, default=5e-4, help="HAM over GD lr at step 0")
     runs.add_argument("--ham-warmup", type=int, default=1000, help="HAM over GD linear warm-up steps")
-    runs.add_argument("--alphas", type=float, nargs="+", default=[0.0, 10.0, 100.0, 300.0, 1000.0],
-                      help="alphas of the HORST and HORST-sm sweeps")  # fmt: skip
+    runs.add_argument(
+        "--alphas",
+        type=float,
+        nargs="+",
+        default=[0.0, 10.0, 100.0, 300.0, 1000.0],
+        help="alphas of the HORST and HORST-sm sweeps",
+    )
     runs.add_argument("--beta", type=float, default=1.0, help="beta of HORST and HORST-sm")
     runs.add_argument("--horst-weight-decay", type=float, default=0.0, help="AdamW decay inside HORST")
     runs.add_argument("--adamw-weight-decay", type=float, default=0.1)
-    runs.add_argument("--init-scale", type=float, default=0.0,
-                      help="uniform theta0 of HAM over GD, HORST, HORST-sm (others start at 0)")  # fmt: skip
+    runs.add_argument(
+        "--init-scale",
+        type=float,
+        default=0.0,
+        help="uniform theta0 of HAM over GD, HORST, HORST-sm (others start at 0)",
+    )
     report = parser.add_argument_group("report")
     report.add_argument("--nnz-threshold", type=float, default=1e-3, help="|theta_i| above it is non-zero")
-    report.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                        help="folder for table.md, implicit_bias.png")
+    report.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for table.md, implicit_bias.png")
     report.add_argument("--no-plot", action="store_true", help="skip the plot")
     args = parser.parse_args(argv)
     for name in ("steps", "max_steps", "ham_warmup"):
@@ -500,54 +552,104 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         except FloatingPointError as error:  # a step size too large: say so, no traceback
             raise SystemExit(f"toy_implicit_bias.py: error: {error}") from None
 
-    header = ["method", "theta0", "settings", "steps", "L1", "L2", "Linf",
-              "to min-L2", "to min-L1", f"to R_alpha={args.ham_alpha:g}", "nnz", "residual"]  # fmt: skip
+    header = [
+        "method",
+        "theta0",
+        "settings",
+        "steps",
+        "L1",
+        "L2",
+        "Linf",
+        "to min-L2",
+        "to min-L1",
+        f"to R_alpha={args.ham_alpha:g}",
+        "nnz",
+        "residual",
+    ]
     rows = []
     for name, theta in {"ground truth": problem.theta_star, **references}.items():
         s = summarize(theta, references, nnz_threshold=args.nnz_threshold)
         if name == "R_alpha":
             name = f"argmin R_alpha (alpha={args.ham_alpha:g}, theta0={args.init_scale:g})"
         residual = float(np.linalg.norm(problem.X @ theta - problem.y))
-        rows.append([f"*{name}*", "", "reference", "", s["L1"], s["L2"], s["Linf"],
-                     s["to min-L2"], s["to min-L1"], s["to R_alpha"], s["nnz"], residual])  # fmt: skip
+        rows.append(
+            [
+                f"*{name}*",
+                "",
+                "reference",
+                "",
+                s["L1"],
+                s["L2"],
+                s["Linf"],
+                s["to min-L2"],
+                s["to min-L1"],
+                s["to R_alpha"],
+                s["nnz"],
+                residual,
+            ]
+        )
     for method in methods:
         run = runs[method.name]
         s = summarize(run.theta, references, nnz_threshold=args.nnz_threshold)
-        rows.append([method.name, f"{method.init:g}", method.settings, run.steps, s["L1"], s["L2"], s["Linf"],
-                     s["to min-L2"], s["to min-L1"], s["to R_alpha"], s["nnz"], run.residual])  # fmt: skip
+        rows.append(
+            [
+                method.name,
+                f"{method.init:g}",
+                method.settings,
+                run.steps,
+                s["L1"],
+                s["L2"],
+                s["Linf"],
+                s["to min-L2"],
+                s["to min-L1"],
+                s["to R_alpha"],
+                s["nnz"],
+                run.residual,
+            ]
+        )
     table = markdown_table(header, rows)
 
     alpha_curve = {
         alpha: np.abs(hyperbolic_entropy_interpolant(problem.X, problem.y, alpha, args.init_scale)).sum()
         for alpha in sorted(set(args.alphas))
     }
-    notes = "\n".join(f"- {line}" for line in (
-        f"Problem: n={args.n}, d={args.d}, k={args.k}, seed={args.seed}, X entries N(0, 1/n), "
-        f"y = X theta_star (||y|| = {np.linalg.norm(problem.y):.3g}); loss 0.5 ||X theta - y||^2, "
-        "full batch, float64.",
-        "Distances are ||theta - ref||_2 / ||ref||_2; nnz counts |theta_i| > "
-        f"{args.nnz_threshold:g}; residual is ||X theta - y||_2.",
-        "theta0: GD, Adam, AdamW start at 0; HAM over GD, HORST, HORST-sm at the uniform "
-        f"theta0 = {args.init_scale:g} (--init-scale), and the R_alpha reference is "
-        "argmin D_R(theta, theta0) s.t. X theta = y for that theta0.",
-        f"GD and HAM over GD stop at ||X theta - y|| <= {INTERPOLATION_TOL:g} ||y|| (or --max-steps); "
-        f"Adam, AdamW, HORST run {args.steps} steps with a cosine decay from lr {args.lr:g}.",
-        "AdamW (wd > 0) and HORST (beta > 0) shrink the weights explicitly every step, so they end "
-        "near, not at, interpolation (see their residuals).",
-        "L1 norm of argmin R_alpha at the sweep's alphas: "
-        + ", ".join(f"alpha={a:g}: {v:.3g}" for a, v in alpha_curve.items()) + ".",
-    ))  # fmt: skip
+    notes = "\n".join(
+        f"- {line}"
+        for line in (
+            f"Problem: n={args.n}, d={args.d}, k={args.k}, seed={args.seed}, X entries N(0, 1/n), "
+            f"y = X theta_star (||y|| = {np.linalg.norm(problem.y):.3g}); loss 0.5 ||X theta - y||^2, "
+            "full batch, float64.",
+            "Distances are ||theta - ref||_2 / ||ref||_2; nnz counts |theta_i| > "
+            f"{args.nnz_threshold:g}; residual is ||X theta - y||_2.",
+            "theta0: GD, Adam, AdamW start at 0; HAM over GD, HORST, HORST-sm at the uniform "
+            f"theta0 = {args.init_scale:g} (--init-scale), and the R_alpha reference is "
+            "argmin D_R(theta, theta0) s.t. X theta = y for that theta0.",
+            f"GD and HAM over GD stop at ||X theta - y|| <= {INTERPOLATION_TOL:g} ||y|| (or --max-steps); "
+            f"Adam, AdamW, HORST run {args.steps} steps with a cosine decay from lr {args.lr:g}.",
+            "AdamW (wd > 0) and HORST (beta > 0) shrink the weights explicitly every step, so they end "
+            "near, not at, interpolation (see their residuals).",
+            "L1 norm of argmin R_alpha at the sweep's alphas: "
+            + ", ".join(f"alpha={a:g}: {v:.3g}" for a, v in alpha_curve.items())
+            + ".",
+        )
+    )
     print(table)
     print()
     print(notes)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "table.md").write_text(
-        f"# Toy implicit-bias experiment (docs/design.md §2.4)\n\nProduced by:\n\n    {command}\n\n"
-        f"{table}\n\n{notes}\n"
+        f"# Toy implicit-bias experiment (docs/design.md §2.4)\n\nProduced by:\n\n    {command}\n\n{table}\n\n{notes}\n"
     )
     if not args.no_plot:
-        plot(args.out / "implicit_bias.png", problem, references, runs, methods,
-             ham_alpha=args.ham_alpha, alpha_curve=alpha_curve)  # fmt: skip
+        plot(
+            args.out / "implicit_bias.png",
+            problem,
+            references,
+            runs,
+            methods,
+            ham_alpha=args.ham_alpha,
+            alpha_curve=alpha_curve,
+        )
     print(f"\nwrote {args.out / 'table.md'}" + ("" if args.no_plot else " and implicit_bias.png"))
     return {"problem": problem, "references": references, "runs": runs, "methods": methods, "table": table}
 

@@ -74,13 +74,28 @@ def write_run():
         from horst_sparse.pipeline import get
 
         pipeline = config["pipeline"]
-        record = {"pipeline": pipeline, "git_commit": git_commit, "wall_time_s": 1.0,
-                  "eval_split": config.get("eval_split", "validation")}  # fmt: skip
+        record = {
+            "pipeline": pipeline,
+            "git_commit": git_commit,
+            "wall_time_s": 1.0,
+            "eval_split": config.get("eval_split", "validation"),
+        }
         if pipeline == "vit":
-            record |= {"target_sparsity": config["acdc"]["sparsity"], "top1": value, "acdc": {"pattern": "unstructured"}}
+            record |= {
+                "target_sparsity": config["acdc"]["sparsity"],
+                "top1": value,
+                "acdc": {"pattern": "unstructured"},
+            }
         else:
-            rows = [{"sparsity": s, "method": "none" if s == 0 else "magnitude", "pattern": "dense" if s == 0 else "unstructured",
-                     "ppl": value * (1 + s)} for s in config["prune"]["sparsities"]]  # fmt: skip
+            rows = [
+                {
+                    "sparsity": s,
+                    "method": "none" if s == 0 else "magnitude",
+                    "pattern": "dense" if s == 0 else "unstructured",
+                    "ppl": value * (1 + s),
+                }
+                for s in config["prune"]["sparsities"]
+            ]
             record |= {"pruning": {"results": rows}}
         record = record | summary
         record["numbers"] = get(pipeline).numbers(config, record)  # as the runner writes them
@@ -240,19 +255,34 @@ def _compose(overrides: list[str]):
 
 # dense 0; compressed 1-2; decompressed 3; compressed 4-5.
 SHORT_ACDC = [
-    "acdc.dense_warmup=1", "acdc.compressed=2", "acdc.decompressed=1",
-    "acdc.final_decompressed=1", "acdc.final_compressed=2", "train.epochs=6",
-]  # fmt: skip
+    "acdc.dense_warmup=1",
+    "acdc.compressed=2",
+    "acdc.decompressed=1",
+    "acdc.final_decompressed=1",
+    "acdc.final_compressed=2",
+    "train.epochs=6",
+]
 
 
 def deit_overrides(root: Path, *extra: str) -> list[str]:
     """The DeiT recipe (RandAugment, random erasing, Mixup/CutMix, drop path, warm-up + cosine)
     on a 16x16 ViT and the tiny folder: 3 updates of 8 images per epoch."""
     return [
-        "vit_recipe=deit_imagenet", "model=vit_nano", f"data.root={root}", "data.minival_size=6", "data.num_workers=1",
-        "device=cpu", "train.batch_size=8", "train.base_batch_size=8", "train.warmup_epochs=1",
-        "train.eval_batch_size=8", "train.log_interval=2", "acdc.sparsity=0.8", *SHORT_ACDC, *extra,
-    ]  # fmt: skip
+        "vit_recipe=deit_imagenet",
+        "model=vit_nano",
+        f"data.root={root}",
+        "data.minival_size=6",
+        "data.num_workers=1",
+        "device=cpu",
+        "train.batch_size=8",
+        "train.base_batch_size=8",
+        "train.warmup_epochs=1",
+        "train.eval_batch_size=8",
+        "train.log_interval=2",
+        "acdc.sparsity=0.8",
+        *SHORT_ACDC,
+        *extra,
+    ]
 
 
 # ---- the real SLURM cluster of scripts/slurm_cluster.sh (tests/test_slurm_*.py) ---------------

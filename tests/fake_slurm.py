@@ -58,8 +58,10 @@ def sbatch(args: list[str]) -> int:
         (STATE / f"{task}.state").write_text("PENDING")
         subprocess.Popen(
             [sys.executable, __file__, "_run_task", str(job), "" if index is None else str(index), str(script_path)],
-            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
     print(f"Submitted batch job {job}")
     return 0
 
@@ -152,4 +154,6 @@ if __name__ == "__main__":
         command, arguments = arguments[0], arguments[1:]
     if command == "_run_task":
         sys.exit(_run_task(*arguments))
-    sys.exit({"sbatch": sbatch, "srun": srun, "sacct": sacct, "squeue": squeue, "scontrol": scontrol}[command](arguments))
+    sys.exit(
+        {"sbatch": sbatch, "srun": srun, "sacct": sacct, "squeue": squeue, "scontrol": scontrol}[command](arguments)
+    )

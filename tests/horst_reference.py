@@ -91,8 +91,6 @@ def assert_close(actual, expected, tol=1e-6):
         torch.testing.assert_close(a.double(), e.double(), atol=tol, rtol=tol)
 
 
-
-
 class HamOptimizerWrapper:
     """HAM's public reference wrapper, transcribed from the README of TomJacobs05/HAM (commit
     5128597): its ``step`` line for line, without the prints. The base optimizer steps first;

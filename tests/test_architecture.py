@@ -11,15 +11,17 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
+
 from horst_sparse import pipeline as registry
 
 PIPELINE_PACKAGES = {registry.get(name).run.__module__.rsplit(".", 1)[0] for name in registry.names()}
 # Code that serves every pipeline: it takes a pipeline from a config's `pipeline` key.
-SHARED = [p for p in (ROOT / "horst_sparse").rglob("*.py") if not any(
-    p.is_relative_to(ROOT / Path(*package.split("."))) for package in PIPELINE_PACKAGES)] + list(
-    (ROOT / "hydra_plugins").rglob("*.py"))  # fmt: skip
+SHARED = [
+    p
+    for p in (ROOT / "horst_sparse").rglob("*.py")
+    if not any(p.is_relative_to(ROOT / Path(*package.split("."))) for package in PIPELINE_PACKAGES)
+] + list((ROOT / "hydra_plugins").rglob("*.py"))
 EVERY_FILE = [p for p in ROOT.rglob("*.py") if not {".venv", "build", ".git"} & set(p.relative_to(ROOT).parts)]
 
 
@@ -44,8 +46,11 @@ def named_pipelines(tree: ast.AST) -> list[str]:
                 if isinstance(operand, ast.Constant) and operand.value in names:
                     found.append(f"line {node.lineno}: compares with {operand.value!r}")
         elif isinstance(node, ast.Dict):
-            found += [f"line {node.lineno}: a map keyed by {k.value!r}" for k in node.keys
-                      if isinstance(k, ast.Constant) and k.value in names]  # fmt: skip
+            found += [
+                f"line {node.lineno}: a map keyed by {k.value!r}"
+                for k in node.keys
+                if isinstance(k, ast.Constant) and k.value in names
+            ]
     return found
 
 
@@ -65,8 +70,10 @@ def test_no_module_edits_sys_path_or_loads_a_file_by_path():
 
 
 def test_the_results_layer_loads_neither_torch_nor_hydra():
-    code = ("import sys, horst_sparse.analysis.report, horst_sparse.analysis.sweep, horst_sparse.analysis.runs; "
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'hydra', 'omegaconf'}))")  # fmt: skip
+    code = (
+        "import sys, horst_sparse.analysis.report, horst_sparse.analysis.sweep, horst_sparse.analysis.runs; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'hydra', 'omegaconf'}))"
+    )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
     assert loaded.strip() == "[]"
 
@@ -84,7 +91,9 @@ def test_unknown_pipelines_are_named_with_the_closest():
 
 @pytest.mark.parametrize("library", ["horst", "pruning"])
 def test_the_libraries_import_torch_alone(library):
-    integrations = {ROOT / "horst" / "timm.py"}  # timm's registry entries: imported only once timm is (horst/__init__.py)
+    integrations = {
+        ROOT / "horst" / "timm.py"
+    }  # timm's registry entries: imported only once timm is (horst/__init__.py)
     for path in set((ROOT / library).rglob("*.py")) - integrations:
         roots = {m.split(".")[0] for m in imported(ast.parse(path.read_text()))}
         assert roots <= {"torch", library, "__future__"} | set(sys.stdlib_module_names), (path, roots)

@@ -97,7 +97,11 @@ def experiment_values(experiment: str) -> dict[str, object]:
     """The dotted keys an experiment file sets itself: they win over the tuned files (the
     experiment comes after the recipe in the defaults list)."""
     node = yaml.safe_load((CONFIGS / "experiment" / f"{experiment}.yaml").read_text())
-    return {f"{section}.{key}": value for section in ("optimizer", "train") for key, value in (node.get(section) or {}).items()}
+    return {
+        f"{section}.{key}": value
+        for section in ("optimizer", "train")
+        for key, value in (node.get(section) or {}).items()
+    }
 
 
 def cases():
@@ -144,7 +148,9 @@ def test_the_tables_cases_cover_every_recipe_and_experiment():
     assert set(experiments()) == {p.stem for p in (CONFIGS / "experiment").glob("*.yaml")}
     for pipeline in PIPELINES:
         for recipe in recipes(pipeline):
-            assert sorted(p.stem for p in (CONFIGS / "tuned" / pipeline / recipe).glob("*.yaml")) == list(TUNED_OPTIMIZERS)
+            assert sorted(p.stem for p in (CONFIGS / "tuned" / pipeline / recipe).glob("*.yaml")) == list(
+                TUNED_OPTIMIZERS
+            )
 
 
 def test_no_defaults_list_builds_a_name_from_other_choices():
@@ -168,7 +174,9 @@ def test_a_control_interpolates_the_arm_it_controls(sentinels, pipeline):
         cfg = _compose(root, pipeline, [f"{PIPELINES[pipeline][1]}={recipe}", "+arm=adamw_decay"])
         horst, adamw = f"tuned/{pipeline}/{recipe}/horst.yaml", f"tuned/{pipeline}/{recipe}/adamw.yaml"
         assert cfg.optimizer.name == "adamw" and cfg.arm == "adamw_decay"
-        matched = (planted[(horst, "weight_decay")] + planted[(horst, "beta")]) * planted[(horst, lr)] / planted[(adamw, lr)]
+        matched = (
+            (planted[(horst, "weight_decay")] + planted[(horst, "beta")]) * planted[(horst, lr)] / planted[(adamw, lr)]
+        )
         assert cfg.optimizer.weight_decay == pytest.approx(matched, rel=1e-12)
         assert cfg.train[lr] == planted[(adamw, lr)]
         summed = _compose(root, pipeline, [f"{PIPELINES[pipeline][1]}={recipe}", "optimizer=adamw", CONTROL_DECAY])

@@ -13,13 +13,21 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import ROOT
 
 from horst_sparse.analysis import claims, report, runs
 from horst_sparse.study import run as study
-from conftest import ROOT
 
-TINY_VIT = ["train.epochs=5", "train.warmup_epochs=1", "train.batch_size=256", "acdc.dense_warmup=1", "acdc.compressed=1",
-            "acdc.decompressed=1", "acdc.final_decompressed=1", "acdc.final_compressed=2"]  # fmt: skip
+TINY_VIT = [
+    "train.epochs=5",
+    "train.warmup_epochs=1",
+    "train.batch_size=256",
+    "acdc.dense_warmup=1",
+    "acdc.compressed=1",
+    "acdc.decompressed=1",
+    "acdc.final_decompressed=1",
+    "acdc.final_compressed=2",
+]
 
 
 @pytest.fixture(scope="module")
@@ -55,16 +63,26 @@ def test_the_control_decays_as_hard_as_the_horst_it_controls(job_configs, compos
     moved = compose("vit", ["+arm=adamw_decay", "tuned.horst.beta=0.5", "tuned.horst.base_lr=1e-3"])
     horst = job_configs[("vit", "horst")]
     assert moved["optimizer"]["weight_decay"] == pytest.approx(
-        (horst["optimizer"]["weight_decay"] + 0.5) * 1e-3 / moved["train"]["base_lr"])
+        (horst["optimizer"]["weight_decay"] + 0.5) * 1e-3 / moved["train"]["base_lr"]
+    )
 
 
 def test_multiruns_are_the_whole_sweep_or_the_missing_cells(demo_jobs):
     assert study.multiruns(demo_jobs) == [("demo_vit", []), ("demo_gpt2", [])]  # the study's order
     missing = [j for j in demo_jobs if j.pipeline == "vit" and "+arm=ham" in j.overrides][:2]
-    assert study.multiruns(missing) == [("demo_vit", ["+arm=ham", "acdc.sparsity=0.7", "seed=0"]),
-                                        ("demo_vit", ["+arm=ham", "acdc.sparsity=0.8", "seed=0"])]  # fmt: skip
+    assert study.multiruns(missing) == [
+        ("demo_vit", ["+arm=ham", "acdc.sparsity=0.7", "seed=0"]),
+        ("demo_vit", ["+arm=ham", "acdc.sparsity=0.8", "seed=0"]),
+    ]
     assert study.command("demo_vit", ["+arm=ham", "seed=0"], ["+arm=adamw", "train.epochs=5"]) == [
-        "python", "train_vit.py", "-m", "+study=demo_vit", "+arm=ham", "seed=0", "train.epochs=5"]
+        "python",
+        "train_vit.py",
+        "-m",
+        "+study=demo_vit",
+        "+arm=ham",
+        "seed=0",
+        "train.epochs=5",
+    ]
 
 
 def test_arms_not_tuned_alike_are_refused():
@@ -82,28 +100,55 @@ def test_the_embedded_study_is_its_presets_and_tunes_what_its_budget_asks_for(em
     each optimizer the arms run, with the same trials per pipeline, on the study's recipe, and
     for none whose pick already has that budget."""
     jobs = embedded_jobs
-    by_preset = {p: [j for j in jobs if j.preset == p] for p in ("embedded_vit", "embedded_vit_controls", "embedded_gpt2")}
-    assert {p: len(js) for p, js in by_preset.items()} == {"embedded_vit": 90, "embedded_vit_controls": 40, "embedded_gpt2": 40}
+    by_preset = {
+        p: [j for j in jobs if j.preset == p] for p in ("embedded_vit", "embedded_vit_controls", "embedded_gpt2")
+    }
+    assert {p: len(js) for p, js in by_preset.items()} == {
+        "embedded_vit": 90,
+        "embedded_vit_controls": 40,
+        "embedded_gpt2": 40,
+    }
     controls = by_preset["embedded_vit_controls"]
     assert {j.config["arm"] for j in controls} == {"horst_beta0", "adamw_decay", "horst_sm", "horst_mirror_off"}
     mirror_off = next(j.config for j in controls if j.config["arm"] == "horst_mirror_off")
     horst = next(j.config for j in by_preset["embedded_vit"] if j.config["arm"] == "horst")
     assert (mirror_off["optimizer"]["alpha"], mirror_off["optimizer"]["beta"]) == (0.0, 0.0)  # AdamW, bit for bit
-    assert mirror_off["train"] == horst["train"] and mirror_off["optimizer"]["weight_decay"] == horst["optimizer"]["weight_decay"]
+    assert (
+        mirror_off["train"] == horst["train"]
+        and mirror_off["optimizer"]["weight_decay"] == horst["optimizer"]["weight_decay"]
+    )
     assert {j.config["acdc"]["sparsity"] for j in controls} == {0.9} and {j.seed for j in controls} == set(range(10))
-    assert {(j.config["data"]["name"], j.config["eval_split"], j.recipe) for j in controls} == {("mnist1d", "test", "mnist1d")}
+    assert {(j.config["data"]["name"], j.config["eval_split"], j.recipe) for j in controls} == {
+        ("mnist1d", "test", "mnist1d")
+    }
     lines = study.tunings("embedded", jobs)
     asked = {(line[2], line[3]): line for line in lines}
     budget = yaml.safe_load((ROOT / "configs" / "study" / "tuning.yaml").read_text())["embedded"]["trials"]
-    for (pipeline, optimizer), line in asked.items():
+    for (pipeline, _), line in asked.items():
         assert line[1] == "scripts/tune.py" and line[4:6] == ["--trials", str(budget[pipeline])]
         assert f"{pipeline}_recipe={'mnist1d' if pipeline == 'vit' else 'pydoc'}" in line
-    tuned = {(j.pipeline, o) for j in jobs for o in ("adamw", "ham", "horst")
-             if (j.config["tuned"][o].get("provenance") or {}).get("trials") == budget[j.pipeline]}  # fmt: skip
+    tuned = {
+        (j.pipeline, o)
+        for j in jobs
+        for o in ("adamw", "ham", "horst")
+        if (j.config["tuned"][o].get("provenance") or {}).get("trials") == budget[j.pipeline]
+    }
     assert set(asked) == {(p, o) for p in ("vit", "gpt2") for o in ("adamw", "ham", "horst")} - tuned
-    done = [study.Job(**{**j.__dict__, "config": {**j.config, "tuned": {o: {"provenance": {
-        "trials": budget[j.pipeline], "eval_split": "validation", "seeds": [100]}} for o in ("adamw", "ham", "horst")}}})
-        for j in jobs]  # fmt: skip
+    done = [
+        study.Job(
+            **{
+                **j.__dict__,
+                "config": {
+                    **j.config,
+                    "tuned": {
+                        o: {"provenance": {"trials": budget[j.pipeline], "eval_split": "validation", "seeds": [100]}}
+                        for o in ("adamw", "ham", "horst")
+                    },
+                },
+            }
+        )
+        for j in jobs
+    ]
     assert study.tunings("embedded", done) == []
     assert study.tunings("demo", jobs) == []  # the demo has no budget: it is not a comparison
 
@@ -115,11 +160,25 @@ def test_the_cost_table_is_measured_from_the_runs(embedded_jobs):
 
     jobs = embedded_jobs
     vit = [j for j in jobs if j.pipeline == "vit"]
-    frame = pd.DataFrame([{"run": j.run, "pipeline": "vit", "wall_time_s": 40.0 + i % 3, "host": "node7", "cpu": "Xeon",
-                           "cpu_capability": "AVX512", "cpu_threads": 1} for i, j in enumerate(vit[:30])])  # fmt: skip
+    frame = pd.DataFrame(
+        [
+            {
+                "run": j.run,
+                "pipeline": "vit",
+                "wall_time_s": 40.0 + i % 3,
+                "host": "node7",
+                "cpu": "Xeon",
+                "cpu_capability": "AVX512",
+                "cpu_threads": 1,
+            }
+            for i, j in enumerate(vit[:30])
+        ]
+    )
     text = study.cost_table(frame, jobs)
     row = next(line for line in text.splitlines() if line.startswith("| vit "))
-    trials = sum((vit[0].config["tuned"][o].get("provenance") or {}).get("trials") or 0 for o in ("adamw", "ham", "horst"))
+    trials = sum(
+        (vit[0].config["tuned"][o].get("provenance") or {}).get("trials") or 0 for o in ("adamw", "ham", "horst")
+    )
     expected_hours = (len(vit) + trials) * 41.0 / 2 / 3600  # each trial one run; two runs side by side
     assert row.split(" | ")[1:4] == [f"30 of {len(vit)}", "41", f"{30 * 41.0 / 3600:.1f}"]
     assert row.rstrip(" |").endswith(f"{expected_hours:.1f}")
@@ -161,7 +220,9 @@ def test_provenance_refuses_dirty_trees_and_runs_of_other_code(tmp_path):
     _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
     study.check_clean(repo)  # results/ is the study's own output
     study.check_provenance([second, _git(repo, "rev-parse", "HEAD")], repo)  # same code: a README changed
-    with pytest.raises(study.StudyError, match=rf"{first[:12]}: its code differs from HEAD's in 1 file\(s\): horst/step.py"):
+    with pytest.raises(
+        study.StudyError, match=rf"{first[:12]}: its code differs from HEAD's in 1 file\(s\): horst/step.py"
+    ):
         study.check_provenance([first, second], repo)
     with pytest.raises(study.StudyError, match="-dirty: ran from a tree with uncommitted changes"):
         study.check_provenance([second + "-dirty"], repo)
@@ -176,7 +237,9 @@ def test_provenance_refuses_dirty_trees_and_runs_of_other_code(tmp_path):
     _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "e")
     ledger = tmp_path / "reviewed.yaml"
     blobs = [_git(repo, "rev-parse", f"{c}:horst/step.py") for c in (second, "HEAD")]
-    ledger.write_text(yaml.safe_dump([{"path": "horst/step.py", "before": blobs[0], "after": blobs[1], "why": "a comment"}]))
+    ledger.write_text(
+        yaml.safe_dump([{"path": "horst/step.py", "before": blobs[0], "after": blobs[1], "why": "a comment"}])
+    )
     study.check_provenance([second], repo, ledger)
     with pytest.raises(study.StudyError, match="differs from HEAD's in 1 file"):
         study.check_provenance([first], repo, ledger)  # a = 1 -> a = 2 was not reviewed
@@ -203,7 +266,8 @@ def test_add_an_arm_recipe(tmp_path, write_run):
     shutil.copytree(ROOT / "configs", configs)
     (configs / "arm" / "horst_alpha1.yaml").write_text(
         "# @package _global_\n# HORST at alpha 1.\ndefaults:\n  - override /optimizer: horst\n\n"
-        "arm: horst_alpha1\noptimizer:\n  alpha: 1.0\n")  # fmt: skip
+        "arm: horst_alpha1\noptimizer:\n  alpha: 1.0\n"
+    )
     preset = configs / "study" / "demo_vit.yaml"
     spec = yaml.safe_load(preset.read_text())
     spec["hydra"]["sweeper"]["params"]["+arm"] += ",horst_alpha1"
@@ -226,10 +290,23 @@ def test_add_an_arm_recipe(tmp_path, write_run):
 def test_a_tiny_study_runs_resumes_from_its_record_and_refuses_stale_runs(tmp_path):
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
-    env = {"PYTHONPATH": str(clone), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_WAIT_POLICY": "PASSIVE",
-           "PATH": "/usr/bin:/bin"}  # fmt: skip
-    argv = [sys.executable, "scripts/embedded_study.py", "--demo", "--pipeline", "vit", "+arm=adamw,horst",
-            "acdc.sparsity=0.9", *TINY_VIT]  # fmt: skip
+    env = {
+        "PYTHONPATH": str(clone),
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "OMP_WAIT_POLICY": "PASSIVE",
+        "PATH": "/usr/bin:/bin",
+    }
+    argv = [
+        sys.executable,
+        "scripts/embedded_study.py",
+        "--demo",
+        "--pipeline",
+        "vit",
+        "+arm=adamw,horst",
+        "acdc.sparsity=0.9",
+        *TINY_VIT,
+    ]
 
     def study_cli(*more: str) -> subprocess.CompletedProcess:
         return subprocess.run([*argv, *more], cwd=clone, env=env, capture_output=True, text=True, timeout=900)
@@ -245,8 +322,10 @@ def test_a_tiny_study_runs_resumes_from_its_record_and_refuses_stale_runs(tmp_pa
     assert "## Your runs beside the committed reference (results/demo/runs.csv)" in first.stdout
     assert "| vit/horst/s0.9/seed0 | top1 90 % |" in first.stdout  # at 5 epochs, not the reference's recipe:
     assert first.returncode == 1 and "numbers agree within their tolerance" in first.stdout  # they differ
-    assert reference.read_text() == committed and not subprocess.run(
-        ["git", "status", "--porcelain"], cwd=clone, capture_output=True, text=True).stdout  # fmt: skip
+    assert (
+        reference.read_text() == committed
+        and not subprocess.run(["git", "status", "--porcelain"], cwd=clone, capture_output=True, text=True).stdout
+    )
     written = record.read_text()
     study_cli("--out", "results/demo")  # make demo-reference: the same runs, written as the reference
     assert runs.read_record([reference]).run.tolist() == frame.run.tolist()
@@ -255,7 +334,9 @@ def test_a_tiny_study_runs_resumes_from_its_record_and_refuses_stale_runs(tmp_pa
     assert "outputs/demo/vit/horst/s0.9/seed0 top1 acdc unstructured 0.9: committed" in checked.stdout
     assert "outputs/demo/vit/horst/s0.9/seed0: rerun on host" in checked.stdout
 
-    shutil.rmtree(clone / "outputs" / "demo" / "vit")  # run folders need not outlive the machine: the record is the record
+    shutil.rmtree(
+        clone / "outputs" / "demo" / "vit"
+    )  # run folders need not outlive the machine: the record is the record
     again = study_cli()
     assert again.returncode == 0 and "0 of 2 runs to do" in again.stdout and "2 of 2 numbers agree" in again.stdout
     assert record.read_text() == written

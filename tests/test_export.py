@@ -8,13 +8,12 @@ import json
 
 import pytest
 import torch
-
-import pruning
 from conftest import _compose as compose_vit_cfg
 from conftest import compose_cfg, deit_overrides, tiny_overrides
+
+import pruning
 from horst_sparse.gpt2.data import gpt2_tokenizer, load_data
 from horst_sparse.gpt2.evaluate import evaluate_lm
-
 from horst_sparse.training import export as horst_export  # horst-export (scripts/export.py)
 
 export_run = horst_export.export_run
@@ -29,9 +28,15 @@ def gpt2_run(pydoc_dir, tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     overrides = tiny_overrides(
-        pydoc_dir, "prune.methods=[magnitude,wanda]", "prune.patterns=[unstructured,2:4]", "prune.calibration_windows=8",
-        "export.enabled=true", "export.method=wanda", "export.pattern=2:4", "logging.mode=disabled",
-    )  # fmt: skip
+        pydoc_dir,
+        "prune.methods=[magnitude,wanda]",
+        "prune.patterns=[unstructured,2:4]",
+        "prune.calibration_windows=8",
+        "export.enabled=true",
+        "export.method=wanda",
+        "export.pattern=2:4",
+        "logging.mode=disabled",
+    )
     summary = run(compose_cfg(overrides), run_dir=run_dir)
     torch.set_num_threads(threads)
     return summary, run_dir, load_data(compose_cfg(overrides).data, context=32, is_main=True).val
@@ -132,17 +137,25 @@ def test_vit_export_loaded_the_timm_way_gives_the_runs_accuracy(vit_run, tmp_pat
     val_set.transform = transform
     loader = eval_loader(val_set, batch_size=8, rank=0, world_size=1, num_workers=0, pin_memory=False)
     result = evaluate(model, loader, device=torch.device("cpu"), dtype=torch.float32)
-    assert result["top1"] == pytest.approx(summary["top1"], rel=1e-4) and result["top5"] == pytest.approx(summary["top5"], rel=1e-4)
+    assert result["top1"] == pytest.approx(summary["top1"], rel=1e-4) and result["top5"] == pytest.approx(
+        summary["top5"], rel=1e-4
+    )
     assert result["loss"] == pytest.approx(summary["epochs"][-1]["val_loss"], rel=1e-4)  # sharper than this easy top-1
     weights = pruning.prunable_parameters(model, "vit")
     assert pruning.sparsity_stats(weights)["overall"] == summary["measured_sparsity"] == facts["measured_sparsity"]
     # The other timm way: the architecture by name, the file as an overlay.
     m = cfg.model
     by_name = timm.create_model(
-        m.timm_name, pretrained=True, num_classes=3, img_size=m.img_size, patch_size=m.patch_size,
-        embed_dim=m.embed_dim, depth=m.depth, num_heads=m.num_heads,
+        m.timm_name,
+        pretrained=True,
+        num_classes=3,
+        img_size=m.img_size,
+        patch_size=m.patch_size,
+        embed_dim=m.embed_dim,
+        depth=m.depth,
+        num_heads=m.num_heads,
         pretrained_cfg_overlay=dict(file=str(out / "model.safetensors"), num_classes=3),
-    )  # fmt: skip
+    )
     assert all(torch.equal(a, b) for a, b in zip(by_name.state_dict().values(), model.state_dict().values()))
     card = (out / "README.md").read_text()
     assert f"top-1 {summary['top1']:.4f}" in card and "AC/DC" in card and summary["optimizer"]["name"] in card
@@ -156,7 +169,8 @@ def test_the_shared_export_knows_no_pipeline():
 
     tree = ast.parse((Path(__file__).resolve().parents[1] / "horst_sparse" / "training" / "export.py").read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
-        a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}  # fmt: skip
+        a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
+    }
     assert not any(name.startswith(("horst_sparse.gpt2", "horst_sparse.vit")) for name in imported), imported
 
 

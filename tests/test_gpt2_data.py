@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -13,7 +12,6 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import ROOT
 from horst_sparse.gpt2.data import (
     EOT,
     DatasetNotPreparedError,
@@ -29,7 +27,6 @@ from horst_sparse.gpt2.data import (
     pydoc_split,
     write_tokens,
 )
-
 from horst_sparse.training.config import RunError
 
 
@@ -72,7 +69,9 @@ def test_prepare_pydoc_splits_by_whole_topics_disjoint_and_fixed(tmp_path):
 def test_a_pydoc_folder_of_an_older_layout_is_prepared_again(tmp_path):
     (tmp_path / "meta.json").write_text(json.dumps({"dataset": "pydoc_data.topics", "train_tokens": 3}))
     (tmp_path / "train.bin").write_bytes(b"\0" * 6)
-    data = load_data(OmegaConf.create({"name": "pydoc", "dir": str(tmp_path), "vocabulary": "full"}), context=16, is_main=True)
+    data = load_data(
+        OmegaConf.create({"name": "pydoc", "dir": str(tmp_path), "vocabulary": "full"}), context=16, is_main=True
+    )
     assert json.loads((tmp_path / "meta.json").read_text())["split"] == "by topic" and len(data.train) > 100_000
 
 
@@ -129,7 +128,11 @@ def test_corpus_tokenizer_gives_gpt2s_segmentation_in_compact_ids(pydoc):
         assert tokenizer(text, split_special_tokens=True)["input_ids"] == [compact[i] for i in ids]
     for split, stream in (("validation", data.val), ("test", data.test)):
         assert not set(np.unique(full[split]).tolist()) <= set(data.vocabulary.tolist())  # unseen tokens exist ...
-        expected = [i for name in splits[split] for i in tokenizer(topics[name], split_special_tokens=True)["input_ids"] + [compact[EOT]]]
+        expected = [
+            i
+            for name in splits[split]
+            for i in tokenizer(topics[name], split_special_tokens=True)["input_ids"] + [compact[EOT]]
+        ]
         assert stream.tolist() == expected  # ... and are the corpus tokenizer's pieces
         assert len(stream) > len(full[split])
     assert tokenizer.eos_token_id == data.vocab_size - 1 and tokenizer.decode([data.vocab_size - 1]) == "<|endoftext|>"
@@ -158,10 +161,22 @@ def test_missing_or_unfinished_dataset_is_one_clear_error(tmp_path):
 @pytest.mark.parametrize(
     "train_bytes,meta,message",
     [
-        (b"\0" * 11, '{"train_tokens": 5}', r"train.bin has 11 bytes, not a whole number of uint16 tokens \(cut short\?\); prepare it again with: make-it"),
-        (b"", '{"train_tokens": 0}', r"train.bin holds 0 tokens, fewer than the 34 needed \(one window of model.n_positions \+ 1"),
+        (
+            b"\0" * 11,
+            '{"train_tokens": 5}',
+            r"train.bin has 11 bytes, not a whole number of uint16 tokens \(cut short\?\); prepare it again with: make-it",
+        ),
+        (
+            b"",
+            '{"train_tokens": 0}',
+            r"train.bin holds 0 tokens, fewer than the 34 needed \(one window of model.n_positions \+ 1",
+        ),
         (b"\0" * 20, '{"train_tokens": 10}', r"train.bin holds 10 tokens, fewer than the 34 needed"),
-        (b"\0" * 100, '{"train_tokens": 5', r"meta.json is not valid JSON \(.*\); prepare the dataset again with: make-it"),
+        (
+            b"\0" * 100,
+            '{"train_tokens": 5',
+            r"meta.json is not valid JSON \(.*\); prepare the dataset again with: make-it",
+        ),
     ],
 )
 def test_damaged_token_files_name_the_file_and_the_fix(tmp_path, train_bytes, meta, message):
@@ -195,11 +210,24 @@ def test_prepare_slimpajama_from_local_parquet(tmp_path, capsys):
     texts = _slimpajama_like(tmp_path / "src")
     script = _load_script()
     out = tmp_path / "out"
-    args = ["--source", str(tmp_path / "src"), "--out", str(out), "--num-proc", "2", "--cache-dir", str(tmp_path / "cache")]
+    args = [
+        "--source",
+        str(tmp_path / "src"),
+        "--out",
+        str(out),
+        "--num-proc",
+        "2",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+    ]
     script.main(args)
 
     meta = json.loads((out / "meta.json").read_text())
-    for name, split, key in (("train", "train", "train"), ("validation", "validation", "val"), ("test", "test", "test")):
+    for name, split, key in (
+        ("train", "train", "train"),
+        ("validation", "validation", "val"),
+        ("test", "test", "test"),
+    ):
         expected = np.concatenate([np.array(ids, dtype=np.uint16) for ids in encode_documents(texts[split])])
         tokens = load_split(out, name, prepare_command="x")
         np.testing.assert_array_equal(tokens, expected)  # documents in order, EOT after each

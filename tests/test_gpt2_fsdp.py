@@ -14,10 +14,19 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import (
+    ROOT,
+    _load_entry_point,
+    _subprocess_env,
+    compose_cfg,
+    final_params,
+    logged_steps,
+    read_records,
+    tiny_overrides,
+)
 
-from conftest import ROOT, _load_entry_point, _subprocess_env, compose_cfg, final_params, logged_steps, read_records, tiny_overrides
-from horst_sparse.training.config import ConfigError
 from horst_sparse.gpt2.config import validate
+from horst_sparse.training.config import ConfigError
 
 pytestmark = pytest.mark.usefixtures("quiet_single_threaded")
 
@@ -25,12 +34,22 @@ train_gpt2 = _load_entry_point("train_gpt2")  # the Hydra entry point (`main`)
 
 
 def torchrun(overrides: list[str], run_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-            str(ROOT / "train_gpt2.py"), *overrides, f"hydra.run.dir={run_dir}"]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(ROOT / "train_gpt2.py"),
+        *overrides,
+        f"hydra.run.dir={run_dir}",
+    ]
 
 
 def run_two_processes(overrides: list[str], run_dir: Path) -> dict:
-    done = subprocess.run(torchrun(overrides, run_dir), env=_subprocess_env(), capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        torchrun(overrides, run_dir), env=_subprocess_env(), capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads((run_dir / "summary.json").read_text())
 
@@ -60,20 +79,37 @@ shutdown_distributed()
 
 
 @pytest.mark.parametrize(
-    "optimizer", ["adamw", pytest.param("horst", marks=pytest.mark.slow)]  # horst: its plain path (HORST_FUSED=0)
+    "optimizer",
+    ["adamw", pytest.param("horst", marks=pytest.mark.slow)],  # horst: its plain path (HORST_FUSED=0)
 )
 def test_fsdp2_run_equals_ddp_run_of_the_same_config(pydoc_dir, tmp_path, optimizer):
     """Sharded weights are all-gathered bitwise and gradients reduced in the same order, so
     without gradient clipping (whose norm FSDP2 sums shard by shard: ~1e-6 apart after a few
     steps) the weights, losses and perplexities are exactly DDP's. Accumulation over two
     micro-batches, a periodic evaluation and a DCP checkpoint before the end included."""
-    overrides = tiny_overrides(pydoc_dir, f"optimizer={optimizer}", "train.grad_clip=0", "train.max_steps=4",
-                               "train.micro_batch_size=1", "train.eval_interval=2", "train.checkpoint_interval=2",
-                               "prune.sparsities=[0.0,0.5]")  # fmt: skip
+    overrides = tiny_overrides(
+        pydoc_dir,
+        f"optimizer={optimizer}",
+        "train.grad_clip=0",
+        "train.max_steps=4",
+        "train.micro_batch_size=1",
+        "train.eval_interval=2",
+        "train.checkpoint_interval=2",
+        "prune.sparsities=[0.0,0.5]",
+    )
     script = tmp_path / "both.py"
     script.write_text(BOTH_STRATEGIES)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
-               str(ROOT / "configs"), str(tmp_path), *overrides]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(script),
+        str(ROOT / "configs"),
+        str(tmp_path),
+        *overrides,
+    ]
     done = subprocess.run(command, env=_subprocess_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     ddp, fsdp2 = (json.loads((tmp_path / s / "summary.json").read_text()) for s in ("ddp", "fsdp2"))
@@ -97,14 +133,27 @@ def worker_pids(torchrun_pid: int) -> list[int]:
 @pytest.mark.slow
 def test_fsdp2_run_resumes_after_sigusr2_from_its_dcp_checkpoint_as_if_never_stopped(pydoc_dir, tmp_path):
     # No periodic checkpoint: the DCP folder the signal writes is the only one.
-    overrides = tiny_overrides(pydoc_dir, "optimizer=adamw", "distributed=fsdp2", "train.max_steps=12",
-                               "train.micro_batch_size=1", "train.checkpoint_interval=0", "train.log_interval=1",
-                               "train.eval_interval=6", "prune.sparsities=[0.0,0.5]")  # fmt: skip
+    overrides = tiny_overrides(
+        pydoc_dir,
+        "optimizer=adamw",
+        "distributed=fsdp2",
+        "train.max_steps=12",
+        "train.micro_batch_size=1",
+        "train.checkpoint_interval=0",
+        "train.log_interval=1",
+        "train.eval_interval=6",
+        "prune.sparsities=[0.0,0.5]",
+    )
     reference = run_two_processes(overrides, tmp_path / "reference")
 
     run_dir = tmp_path / "preempted"
-    child = subprocess.Popen(torchrun(overrides, run_dir), env=_subprocess_env(), stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True)  # fmt: skip
+    child = subprocess.Popen(
+        torchrun(overrides, run_dir),
+        env=_subprocess_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 240
     while len(logged_steps(run_dir)) < 3 and child.poll() is None and time.time() < deadline:
         time.sleep(0.02)
@@ -137,10 +186,16 @@ def test_fsdp2_on_one_process_is_one_line_naming_torchrun(tmp_path, monkeypatch,
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["distributed=fsdp2", "compile=true"], "compile=true is not supported with distributed=fsdp2; use compile=false or distributed=ddp"),
-    (["distributed=zero3"], "distributed='zero3' is unknown; use ddp or fsdp2"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["distributed=fsdp2", "compile=true"],
+            "compile=true is not supported with distributed=fsdp2; use compile=false or distributed=ddp",
+        ),
+        (["distributed=zero3"], "distributed='zero3' is unknown; use ddp or fsdp2"),
+    ],
+)
 def test_unsupported_distributed_settings_are_one_line(overrides, message):
     with pytest.raises(ConfigError) as error:
         validate(compose_cfg(overrides), world_size=2)

@@ -6,20 +6,27 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import compose_cfg, tiny_overrides
 from omegaconf import OmegaConf
 
 import pruning
-from conftest import compose_cfg, tiny_overrides
-from horst_sparse.training.config import ConfigError
 from horst_sparse.gpt2.config import validate
 from horst_sparse.gpt2.data import load_data
 from horst_sparse.gpt2.evaluate import calibration_batches, evaluate_lm, one_shot_plan, one_shot_pruning, prune_copy
 from horst_sparse.gpt2.model import build_model
+from horst_sparse.training.config import ConfigError
 
 
 def prune_cfg(**changes):
-    base = {"sparsities": [0.0, 0.5, 0.9], "scope": "layerwise", "preset": "gpt2", "methods": ["magnitude"],
-            "patterns": ["unstructured"], "calibration_windows": 8, "calibration_seed": 0}  # fmt: skip
+    base = {
+        "sparsities": [0.0, 0.5, 0.9],
+        "scope": "layerwise",
+        "preset": "gpt2",
+        "methods": ["magnitude"],
+        "patterns": ["unstructured"],
+        "calibration_windows": 8,
+        "calibration_seed": 0,
+    }
     return OmegaConf.create({**base, **changes})
 
 
@@ -36,11 +43,15 @@ def test_plan_is_dense_once_then_methods_by_patterns():
     plan = one_shot_plan(prune_cfg(methods=["magnitude", "wanda"], patterns=["unstructured", "2:4", "1:4"]))
     assert plan == [
         ("none", "dense", 0.0),
-        ("magnitude", "unstructured", 0.5), ("magnitude", "unstructured", 0.9),
-        ("magnitude", "2:4", 0.5), ("magnitude", "1:4", 0.75),
-        ("wanda", "unstructured", 0.5), ("wanda", "unstructured", 0.9),
-        ("wanda", "2:4", 0.5), ("wanda", "1:4", 0.75),
-    ]  # fmt: skip
+        ("magnitude", "unstructured", 0.5),
+        ("magnitude", "unstructured", 0.9),
+        ("magnitude", "2:4", 0.5),
+        ("magnitude", "1:4", 0.75),
+        ("wanda", "unstructured", 0.5),
+        ("wanda", "unstructured", 0.9),
+        ("wanda", "2:4", 0.5),
+        ("wanda", "1:4", 0.75),
+    ]
     assert one_shot_plan(prune_cfg(sparsities=[0.5], patterns=["2:4"])) == [("magnitude", "2:4", 0.5)]
 
 
@@ -52,11 +63,23 @@ def test_results_name_method_pattern_and_keep_the_paper_keys(nano):
     rows = {r["label"]: r for r in evaluation["results"]}
     assert list(rows) == ["0", "0.5", "0.9", "magnitude@2:4", "wanda@0.5", "wanda@0.9", "wanda@2:4"]
     assert rows["0.5"]["method"] == "magnitude" and rows["0.5"]["pattern"] == "unstructured"
-    assert rows["wanda@2:4"] == {**rows["wanda@2:4"], "method": "wanda", "pattern": "2:4", "sparsity": 0.5,
-                                 "measured_sparsity": 0.5, "comparison": "per group of 4 consecutive inputs"}  # fmt: skip
+    assert rows["wanda@2:4"] == {
+        **rows["wanda@2:4"],
+        "method": "wanda",
+        "pattern": "2:4",
+        "sparsity": 0.5,
+        "measured_sparsity": 0.5,
+        "comparison": "per group of 4 consecutive inputs",
+    }
     assert rows["wanda@0.5"]["comparison"] == "per output row" and rows["0.5"]["comparison"] == "layerwise"
-    assert evaluation["calibration"] == {"split": "train", "windows": 8, "context": 32, "tokens": 256, "seed": 0,
-                                         "activations": "of the dense model, one pass"}  # fmt: skip
+    assert evaluation["calibration"] == {
+        "split": "train",
+        "windows": 8,
+        "context": 32,
+        "tokens": 256,
+        "seed": 0,
+        "activations": "of the dense model, one pass",
+    }
     assert rows["0"]["ppl"] == pytest.approx(evaluate(model)["ppl"], rel=1e-12)
     assert len({r["ppl"] for r in rows.values()}) == len(rows)  # every row is a different model
 

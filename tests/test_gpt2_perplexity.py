@@ -11,8 +11,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from horst_sparse.gpt2.model import build_model, flops_per_token
 from horst_sparse.gpt2.evaluate import evaluate_lm, window_starts
+from horst_sparse.gpt2.model import build_model, flops_per_token
 
 
 @pytest.fixture(scope="module")
@@ -70,30 +70,47 @@ def test_a_run_reports_every_perplexity_on_the_split_eval_split_says(tmp_path, m
     from hydra import compose, initialize_config_dir
 
     import horst_sparse.gpt2.data as gpt2_data
-    from horst_sparse.training.checkpoint import latest_checkpoint, load_checkpoint
     from horst_sparse.gpt2.config import register_configs
     from horst_sparse.gpt2.data import load_data
     from horst_sparse.gpt2.run import run
+    from horst_sparse.training.checkpoint import latest_checkpoint, load_checkpoint
 
     monkeypatch.setenv("WANDB_MODE", "disabled")
     register_configs()
-    overrides = ["model=gpt2_nano", f"data.dir={tmp_path / 'pydoc'}", "device=cpu", "cpu_threads=1", "train.max_steps=4",
-                 "train.warmup_steps=1", "train.batch_size=2", "train.micro_batch_size=2", "train.eval_interval=4",
-                 "train.eval_windows=8", "eval.max_windows=16", "prune.sparsities=[0.0,0.5]"]  # fmt: skip
+    overrides = [
+        "model=gpt2_nano",
+        f"data.dir={tmp_path / 'pydoc'}",
+        "device=cpu",
+        "cpu_threads=1",
+        "train.max_steps=4",
+        "train.warmup_steps=1",
+        "train.batch_size=2",
+        "train.micro_batch_size=2",
+        "train.eval_interval=4",
+        "train.eval_windows=8",
+        "eval.max_windows=16",
+        "prune.sparsities=[0.0,0.5]",
+    ]
     read, load_split = [], gpt2_data.load_split
-    monkeypatch.setattr(gpt2_data, "load_split", lambda folder, split, **kw: read.append(split) or load_split(folder, split, **kw))
+    monkeypatch.setattr(
+        gpt2_data, "load_split", lambda folder, split, **kw: read.append(split) or load_split(folder, split, **kw)
+    )
     with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "configs"), version_base="1.3"):
         validation_cfg = compose("train_gpt2", overrides=overrides)
         test_cfg = compose("train_gpt2", overrides=[*overrides, "eval_split=test"])
     assert run(validation_cfg, run_dir=tmp_path / "validation")["eval_split"] == "validation"
     assert "test" not in read and "validation" in read
     summary = run(test_cfg, run_dir=tmp_path / "test")
-    assert summary["eval_split"] == summary["pruning"]["eval_split"] == "test" and summary["data"]["test_tokens"] > 10_000
+    assert (
+        summary["eval_split"] == summary["pruning"]["eval_split"] == "test" and summary["data"]["test_tokens"] > 10_000
+    )
 
     data = load_data(test_cfg.data, context=32, is_main=True, eval_split="test")
     model = build_model(test_cfg.model, vocab_size=data.vocab_size)
     model.load_state_dict(load_checkpoint(latest_checkpoint(tmp_path / "test"))["model"])
-    on = lambda tokens, windows: evaluate_lm(model, tokens, context=32, batch_size=16, device=torch.device("cpu"), max_windows=windows)  # noqa: E731
+    on = lambda tokens, windows: evaluate_lm(
+        model, tokens, context=32, batch_size=16, device=torch.device("cpu"), max_windows=windows
+    )  # noqa: E731
     assert summary["ppl"]["0"] == pytest.approx(on(data.test, 16)["ppl"], rel=1e-5)
     assert summary["pruning"]["tokens"] == 16 * 32
     periodic = [json.loads(line) for line in (tmp_path / "test" / "metrics.jsonl").read_text().splitlines()]

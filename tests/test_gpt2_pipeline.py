@@ -13,11 +13,11 @@ import time
 
 import pytest
 import torch
-
 from conftest import ROOT, _load_entry_point, _subprocess_env, compose_cfg, final_params, read_records, tiny_overrides
-from horst_sparse.training.checkpoint import CheckpointError
+
 from horst_sparse.gpt2.data import DatasetNotPreparedError
 from horst_sparse.gpt2.run import run
+from horst_sparse.training.checkpoint import CheckpointError
 from horst_sparse.training.runner import NON_FINITE_EXIT_CODE
 
 pytestmark = pytest.mark.usefixtures("quiet_single_threaded")
@@ -89,9 +89,14 @@ def test_ddp_two_processes_match_one_process(pydoc_dir, tmp_path):
 
     # Hydra's default time-stamped run folder: the processes must agree on one.
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-        str(ROOT / "train_gpt2.py"), *overrides,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(ROOT / "train_gpt2.py"),
+        *overrides,
+    ]
     done = subprocess.run(command, env=_subprocess_env(), capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     (summary_file,) = (tmp_path / "outputs").rglob("summary.json")
@@ -107,7 +112,9 @@ def test_ddp_two_processes_match_one_process(pydoc_dir, tmp_path):
         torch.testing.assert_close(actual[name], expected[name], rtol=1e-4, atol=1e-5)
 
 
-def test_non_finite_loss_exits_with_the_command_that_recovers_and_that_command_works(pydoc_dir, tmp_path, monkeypatch, capsys):
+def test_non_finite_loss_exits_with_the_command_that_recovers_and_that_command_works(
+    pydoc_dir, tmp_path, monkeypatch, capsys
+):
     run_dir = tmp_path / "run"
     # alpha * lr = 1e5 after the warm-up: the mirror step blows the weights up within a few updates.
     overrides = tiny_overrides(
@@ -132,13 +139,24 @@ def test_non_finite_loss_exits_with_the_command_that_recovers_and_that_command_w
     assert command.startswith("python train_gpt2.py ") and f"hydra.run.dir={run_dir}" in command
     assert "resume_override=[train.lr]" in message
     argv = [a for a in shlex.split(command)[1:] if not a.startswith(("train.lr=", "optimizer.alpha="))]
-    monkeypatch.setattr(sys, "argv", [*argv, "train.lr=1e-3", "train.min_lr=1e-4", "optimizer.alpha=10",
-                                      "resume_override=[train.lr,train.min_lr,optimizer.alpha]"])  # fmt: skip
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            *argv,
+            "train.lr=1e-3",
+            "train.min_lr=1e-4",
+            "optimizer.alpha=10",
+            "resume_override=[train.lr,train.min_lr,optimizer.alpha]",
+        ],
+    )
     train_gpt2.main()
     summary = json.loads((run_dir / "summary.json").read_text())
     (change,) = summary["resume_overrides"]
-    assert change == {"step": stopped_at, "changes": {
-        "train.lr": [1.0, 1e-3], "train.min_lr": [0.1, 1e-4], "optimizer.alpha": [1e5, 10.0]}}  # fmt: skip
+    assert change == {
+        "step": stopped_at,
+        "changes": {"train.lr": [1.0, 1e-3], "train.min_lr": [0.1, 1e-4], "optimizer.alpha": [1e5, 10.0]},
+    }
     assert summary["optimizer"]["lr"] == 1e-3 and summary["optimizer"]["alpha"] == 10.0  # the config as it ends
     assert all(math.isfinite(p) for p in summary["ppl"].values())
     records = read_records(run_dir)
@@ -161,7 +179,9 @@ def test_resume_refuses_a_checkpoint_of_another_optimizer_or_model_before_loadin
     run_dir = tmp_path / "run"
     run(compose_cfg(tiny_overrides(pydoc_dir, "train.max_steps=4")), run_dir=run_dir)
     other = compose_cfg(tiny_overrides(pydoc_dir, "train.max_steps=8", "optimizer=adamw"))
-    with pytest.raises(CheckpointError, match=r"other settings \(.*optimizer.name: horst -> adamw; .*train.max_steps: 4 -> 8\)"):
+    with pytest.raises(
+        CheckpointError, match=r"other settings \(.*optimizer.name: horst -> adamw; .*train.max_steps: 4 -> 8\)"
+    ):
         run(other, run_dir=run_dir)
     wider = compose_cfg(tiny_overrides(pydoc_dir, "train.max_steps=4", "model.n_embd=64"))  # weights would not fit
     with pytest.raises(CheckpointError, match=r"other settings \(model.n_embd: 32 -> 64\)"):

@@ -11,8 +11,8 @@ import time
 
 import pytest
 import torch
-
 from conftest import ROOT, _subprocess_env, compose_cfg, final_params, logged_steps, read_records, tiny_overrides
+
 from horst_sparse.gpt2.run import run
 from horst_sparse.training.preemption import PREEMPTED_EXIT_CODE
 
@@ -21,8 +21,9 @@ pytestmark = pytest.mark.usefixtures("quiet_single_threaded")
 
 def test_sigusr2_checkpoints_exits_and_resumes_without_lost_or_repeated_steps(pydoc_dir, tmp_path, capsys):
     # No periodic checkpoint before the end: the one the signal writes is the only one.
-    overrides = tiny_overrides(pydoc_dir, "train.max_steps=16", "train.eval_interval=8",
-                               "train.checkpoint_interval=0", "train.log_interval=1")  # fmt: skip
+    overrides = tiny_overrides(
+        pydoc_dir, "train.max_steps=16", "train.eval_interval=8", "train.checkpoint_interval=0", "train.log_interval=1"
+    )
     reference = tmp_path / "reference"
     run(compose_cfg(overrides), run_dir=reference)
 
@@ -54,21 +55,28 @@ def test_sigusr2_checkpoints_exits_and_resumes_without_lost_or_repeated_steps(py
 def test_sigusr2_during_the_pruning_evaluation_exits_for_requeue_and_the_rerun_finishes_it(pydoc_dir, tmp_path):
     """Training is done and checkpointed; the signal lands while copies are pruned and
     evaluated: exit 3 at the next sparsity, and the requeued run redoes only the evaluation."""
-    overrides = tiny_overrides(pydoc_dir, "train.max_steps=4", "eval.max_windows=150", "eval.batch_size=2",
-                               "prune.sparsities=[0.0,0.3,0.5,0.6,0.7,0.8,0.9]")  # fmt: skip
+    overrides = tiny_overrides(
+        pydoc_dir,
+        "train.max_steps=4",
+        "eval.max_windows=150",
+        "eval.batch_size=2",
+        "prune.sparsities=[0.0,0.3,0.5,0.6,0.7,0.8,0.9]",
+    )
     reference = tmp_path / "reference"
     run(compose_cfg(overrides), run_dir=reference)
 
     run_dir = tmp_path / "preempted"
     command = [sys.executable, str(ROOT / "train_gpt2.py"), *overrides, f"hydra.run.dir={run_dir}"]
-    child = subprocess.Popen(command, env=_subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        command, env=_subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.time() + 120
     while not (run_dir / "weight_histogram.json").exists() and child.poll() is None and time.time() < deadline:
         time.sleep(0.02)
     child.send_signal(signal.SIGUSR2)
     _, stderr = child.communicate(timeout=120)
     assert child.returncode == PREEMPTED_EXIT_CODE, stderr[-2000:]
-    assert f"continue with: python train_gpt2.py " in stderr and f"hydra.run.dir={run_dir}" in stderr
+    assert "continue with: python train_gpt2.py " in stderr and f"hydra.run.dir={run_dir}" in stderr
     assert not (run_dir / "summary.json").exists()
 
     summary = run(compose_cfg(overrides), run_dir=run_dir)  # the requeued job

@@ -16,7 +16,6 @@ saves what it saw; the comparisons run in the test process.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 import torch

@@ -20,21 +20,28 @@ from pathlib import Path
 
 import pytest
 import torch
+from horst_reference import HYPER, LRS, assert_close, reference_ham_step, reference_horst_step, run, run_reference
 
 import horst
 from horst import _cpu_kernel, _fast_path
 from horst.functional import SCALARS, scalars
 from horst.mirror import EXP_ARG_MAX, EXP_ARG_MIN, EXP_POLY
-from horst_reference import HYPER, LRS, assert_close, reference_ham_step, reference_horst_step, run, run_reference
 
 pytestmark = pytest.mark.filterwarnings("error::RuntimeWarning")  # a silent fallback would pass
 
 
 def horst_factory(order, fused, alpha=20.0, beta=0.5):
     return lambda ps: horst.HORST(
-        ps, lr=LRS[0], betas=HYPER["betas"], eps=HYPER["eps"], weight_decay=HYPER["wd"],
-        alpha=alpha, beta=beta, order=order, fused=fused,
-    )  # fmt: skip
+        ps,
+        lr=LRS[0],
+        betas=HYPER["betas"],
+        eps=HYPER["eps"],
+        weight_decay=HYPER["wd"],
+        alpha=alpha,
+        beta=beta,
+        order=order,
+        fused=fused,
+    )
 
 
 @pytest.fixture(params=["C kernel", "compiled"])
@@ -70,16 +77,25 @@ def test_fast_path_matches_reference_and_plain_path(order, fast_path):
 
 def test_ham_fast_path_matches_reference(fast_path):
     lrs = [lr / 5 for lr in LRS]
-    make = lambda ps: horst.HAM(ps, lr=lrs[0], betas=HYPER["betas"], eps=HYPER["eps"],  # noqa: E731
-                                weight_decay=HYPER["wd"], fused=True)  # fmt: skip
+    make = lambda ps: horst.HAM(
+        ps,
+        lr=lrs[0],
+        betas=HYPER["betas"],
+        eps=HYPER["eps"],  # noqa: E731
+        weight_decay=HYPER["wd"],
+        fused=True,
+    )
     fast, _ = run(make, steps=20, lrs=lrs)
     reference = run_reference(reference_ham_step, 20, lrs=lrs, **HYPER, alpha=200.0, beta=1e-3)
     assert_close(fast, reference)
 
 
 def test_fast_path_without_mirror_is_adamw(fast_path):
-    adamw, _ = run(lambda ps: torch.optim.AdamW(ps, lr=LRS[0], betas=HYPER["betas"], weight_decay=HYPER["wd"]),
-                   steps=50, lrs=LRS * 3)  # fmt: skip
+    adamw, _ = run(
+        lambda ps: torch.optim.AdamW(ps, lr=LRS[0], betas=HYPER["betas"], weight_decay=HYPER["wd"]),
+        steps=50,
+        lrs=LRS * 3,
+    )
     fast, _ = run(horst_factory("ms", fused=True, alpha=0.0, beta=0.0), steps=50, lrs=LRS * 3)
     # not bit for bit: the fused kernels round the division and lerp differently from ATen's
     assert_close(fast, adamw)
@@ -172,13 +188,17 @@ def test_cpu_kernel_refuses_an_unknown_base():
         _cpu_kernel.mirror_step_f32_([(t, t, t, t)], tuple(scalars()), base=99, mode=0)
 
 
-@pytest.mark.parametrize("cls, kwargs", [
-    (horst.HORSTLion, dict(lr=1e-3, weight_decay=0.1, alpha=20.0, beta=0.5)),
-    (horst.HORSTLion, dict(lr=1e-3, weight_decay=0.1, alpha=20.0, beta=0.5, order="sm", maximize=True)),
-    (horst.HORSTSGD, dict(lr=1e-2, momentum=0.9, dampening=0.1, weight_decay=0.1, alpha=5.0, beta=0.5)),
-    (horst.HORSTSGD, dict(lr=1e-2, momentum=0.9, nesterov=True, alpha=5.0, beta=0.5, order="sm")),
-    (horst.HORSTSGD, dict(lr=1e-2, alpha=5.0, beta=0.5)),
-], ids=["lion", "lion-sm-maximize", "sgd-momentum", "sgd-nesterov-sm", "sgd"])  # fmt: skip
+@pytest.mark.parametrize(
+    "cls, kwargs",
+    [
+        (horst.HORSTLion, dict(lr=1e-3, weight_decay=0.1, alpha=20.0, beta=0.5)),
+        (horst.HORSTLion, dict(lr=1e-3, weight_decay=0.1, alpha=20.0, beta=0.5, order="sm", maximize=True)),
+        (horst.HORSTSGD, dict(lr=1e-2, momentum=0.9, dampening=0.1, weight_decay=0.1, alpha=5.0, beta=0.5)),
+        (horst.HORSTSGD, dict(lr=1e-2, momentum=0.9, nesterov=True, alpha=5.0, beta=0.5, order="sm")),
+        (horst.HORSTSGD, dict(lr=1e-2, alpha=5.0, beta=0.5)),
+    ],
+    ids=["lion", "lion-sm-maximize", "sgd-momentum", "sgd-nesterov-sm", "sgd"],
+)
 def test_lion_and_sgd_fast_path_match_plain_path(cls, kwargs, fast_path):
     fast, _ = run(lambda ps: cls(ps, fused=True, **kwargs), steps=20)
     plain, _ = run(lambda ps: cls(ps, fused=False, **kwargs), steps=20)
@@ -306,8 +326,12 @@ def test_cpu_kernel_build_failure_falls_back_loudly(tmp_path, monkeypatch):
 def test_float64_fast_path_is_float64_exact():
     """float64 tensors take the compiled path with float64 scalars (they were packed in float32,
     which left the fast path 1.5e-7 from AdamW)."""
-    adamw, _ = run(lambda ps: torch.optim.AdamW(ps, lr=LRS[0], betas=HYPER["betas"], weight_decay=HYPER["wd"]),
-                   steps=20, lrs=LRS, dtype=torch.float64)  # fmt: skip
+    adamw, _ = run(
+        lambda ps: torch.optim.AdamW(ps, lr=LRS[0], betas=HYPER["betas"], weight_decay=HYPER["wd"]),
+        steps=20,
+        lrs=LRS,
+        dtype=torch.float64,
+    )
     fast, _ = run(horst_factory("ms", fused=True, alpha=0.0, beta=0.0), steps=20, lrs=LRS, dtype=torch.float64)
     assert_close(fast, adamw, tol=1e-13)
     fast, _ = run(horst_factory("ms", fused=True), steps=20, lrs=LRS, dtype=torch.float64)

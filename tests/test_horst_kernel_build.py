@@ -10,7 +10,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import stat
-import sys
 import warnings
 from pathlib import Path
 
@@ -71,7 +70,9 @@ def _concurrent_builds(tmp_path: Path, log: Path, rounds: int) -> None:
         assert sorted(p.name for p in Path(folder).iterdir()) == sorted(
             [libraries[0], libraries[0] + ".lock", libraries[0] + ".sha256"]
         )  # no temporary left behind
-        assert sum(f"{folder}/" in line for line in builds) == 1, builds  # built once, by one process ("cache1/", not "cache10/")
+        assert sum(f"{folder}/" in line for line in builds) == 1, (
+            builds
+        )  # built once, by one process ("cache1/", not "cache10/")
 
 
 def test_concurrent_builds_into_one_cache(tmp_path, logging_compiler):

@@ -9,15 +9,23 @@ import math
 
 import pytest
 import torch
+from horst_reference import (
+    HYPER,
+    LRS,
+    HamOptimizerWrapper,
+    assert_close,
+    gradients,
+    make_params,
+    max_abs_diff,
+    reference_ham_step,
+    reference_horst_step,
+    run,
+    run_reference,
+)
+from timm.optim import Lion
 
 import horst
 from horst.mirror import exp_float32
-from timm.optim import Lion
-
-from horst_reference import (
-    HYPER, LRS, HamOptimizerWrapper, assert_close, gradients, make_params, max_abs_diff, reference_ham_step,
-    reference_horst_step, run, run_reference,
-)  # fmt: skip
 
 # ------------------------------------------------------------------------------ the tests
 
@@ -42,15 +50,18 @@ def test_horst_with_zero_alpha_beta_is_adamw_bit_for_bit(weight_decay):
 def test_horst_matches_reference(order):
     hyper = dict(alpha=20.0, beta=0.5, order=order)
     actual, _ = run(
-        lambda ps: horst.HORST(ps, lr=LRS[0], betas=HYPER["betas"], eps=HYPER["eps"], weight_decay=HYPER["wd"],
-                               fused=False, **hyper),
-        steps=20, lrs=LRS,
-    )  # fmt: skip
+        lambda ps: horst.HORST(
+            ps, lr=LRS[0], betas=HYPER["betas"], eps=HYPER["eps"], weight_decay=HYPER["wd"], fused=False, **hyper
+        ),
+        steps=20,
+        lrs=LRS,
+    )
     expected = run_reference(reference_horst_step, 20, lrs=LRS, **HYPER, **hyper)
     assert_close(actual, expected)
     # and the mirror step did something: AdamW alone lands elsewhere
-    adamw, _ = run(lambda ps: torch.optim.AdamW(ps, lr=LRS[0], betas=HYPER["betas"], weight_decay=HYPER["wd"]),
-                   steps=20, lrs=LRS)  # fmt: skip
+    adamw, _ = run(
+        lambda ps: torch.optim.AdamW(ps, lr=LRS[0], betas=HYPER["betas"], weight_decay=HYPER["wd"]), steps=20, lrs=LRS
+    )
     assert max_abs_diff(actual, adamw) > 1e-3
 
 
@@ -58,10 +69,12 @@ def test_ham_matches_reference():
     hyper = dict(alpha=200.0, beta=1e-3)  # the authors' defaults
     lrs = [lr / 5 for lr in LRS]  # lr * alpha <= 0.44: larger steps make weights explode
     actual, _ = run(
-        lambda ps: horst.HAM(ps, lr=lrs[0], betas=HYPER["betas"], eps=HYPER["eps"], weight_decay=HYPER["wd"],
-                             fused=False, **hyper),
-        steps=20, lrs=lrs,
-    )  # fmt: skip
+        lambda ps: horst.HAM(
+            ps, lr=lrs[0], betas=HYPER["betas"], eps=HYPER["eps"], weight_decay=HYPER["wd"], fused=False, **hyper
+        ),
+        steps=20,
+        lrs=lrs,
+    )
     expected = run_reference(reference_ham_step, 20, lrs=lrs, **HYPER, **hyper)
     assert_close(actual, expected)
 
@@ -74,8 +87,9 @@ def test_ham_matches_the_reference_wrapper(max_norm, fused):
     lrs = [lr / 5 for lr in LRS]
     adamw = dict(lr=lrs[0], betas=HYPER["betas"], eps=HYPER["eps"], weight_decay=HYPER["wd"])
     ours, _ = run(lambda ps: horst.HAM(ps, max_norm=max_norm, fused=fused, **adamw), steps=20, lrs=lrs)
-    theirs, _ = run(lambda ps: HamOptimizerWrapper(torch.optim.AdamW(ps, **adamw), max_weight_norm=max_norm),
-                    steps=20, lrs=lrs)  # fmt: skip
+    theirs, _ = run(
+        lambda ps: HamOptimizerWrapper(torch.optim.AdamW(ps, **adamw), max_weight_norm=max_norm), steps=20, lrs=lrs
+    )
     assert_close(ours, theirs)  # our exp is a polynomial within 2e-7 of torch.exp
     if max_norm == 3.0:
         free, _ = run(lambda ps: horst.HAM(ps, max_norm=None, fused=fused, **adamw), steps=20, lrs=lrs)
@@ -104,10 +118,17 @@ def test_hyperbolic_group_key_selects_mirrored_tensors():
     forced = torch.nn.Parameter(torch.ones(4))
     excluded = torch.nn.Parameter(torch.ones(2, 2))
     optimizer = horst.HORST(
-        [{"params": [vector, matrix]}, {"params": [forced], "hyperbolic": True},
-         {"params": [excluded], "hyperbolic": False}],
-        lr=0.1, weight_decay=0.0, alpha=0.0, beta=1.0, fused=False,
-    )  # fmt: skip
+        [
+            {"params": [vector, matrix]},
+            {"params": [forced], "hyperbolic": True},
+            {"params": [excluded], "hyperbolic": False},
+        ],
+        lr=0.1,
+        weight_decay=0.0,
+        alpha=0.0,
+        beta=1.0,
+        fused=False,
+    )
     for p in (vector, matrix, forced, excluded):
         p.grad = torch.zeros_like(p)  # u = 0: only beta's shrinkage exp(-lr*beta) can move a weight
     optimizer.step()
@@ -130,8 +151,9 @@ def test_lr_scheduler_changes_the_step():
         optimizer.step()
         scheduler.step()
     actual = [p.detach() for p in params]
-    expected = run_reference(reference_horst_step, 5, lrs=lrs, betas=(0.9, 0.999), eps=1e-8, wd=1e-2,
-                             alpha=10.0, beta=0.1, order="ms")  # fmt: skip
+    expected = run_reference(
+        reference_horst_step, 5, lrs=lrs, betas=(0.9, 0.999), eps=1e-8, wd=1e-2, alpha=10.0, beta=0.1, order="ms"
+    )
     assert_close(actual, expected)
 
 
@@ -150,12 +172,16 @@ def test_closure_is_evaluated_with_grad_enabled():
     assert param.grad is not None and not torch.equal(param.detach(), torch.tensor([1.0, -2.0]))
 
 
-@pytest.mark.parametrize("make", [
-    lambda ps: horst.HORST(ps, lr=1e-2, alpha=5.0, fused=False),
-    lambda ps: horst.HAM(ps, lr=1e-2, fused=False),
-    lambda ps: horst.HORSTSGD(ps, lr=1e-2, momentum=0.9, alpha=5.0, beta=0.1),
-    lambda ps: horst.HORSTLion(ps, lr=1e-3, alpha=5.0, beta=0.1),
-], ids=["horst", "ham", "sgd", "lion"])  # fmt: skip
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda ps: horst.HORST(ps, lr=1e-2, alpha=5.0, fused=False),
+        lambda ps: horst.HAM(ps, lr=1e-2, fused=False),
+        lambda ps: horst.HORSTSGD(ps, lr=1e-2, momentum=0.9, alpha=5.0, beta=0.1),
+        lambda ps: horst.HORSTLion(ps, lr=1e-3, alpha=5.0, beta=0.1),
+    ],
+    ids=["horst", "ham", "sgd", "lion"],
+)
 def test_state_dict_resume_is_identical_to_uninterrupted_run(make):
     uninterrupted, _ = run(make, steps=12)
 
@@ -201,11 +227,20 @@ def test_bf16_parameters_track_fp32():
         assert torch.allclose(a.float(), b, atol=3e-2, rtol=3e-2)
 
 
-@pytest.mark.parametrize("kwargs, name", [
-    (dict(lr=-1.0), "lr"), (dict(eps=-1e-8), "eps"), (dict(weight_decay=-0.1), "weight_decay"),
-    (dict(alpha=-1.0), "alpha"), (dict(beta=-0.1), "beta"), (dict(betas=(1.0, 0.9)), "betas"),
-    (dict(betas=(0.9, -0.1)), "betas"), (dict(order="mirror"), "order"), (dict(alpha=float("nan")), "alpha"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(lr=-1.0), "lr"),
+        (dict(eps=-1e-8), "eps"),
+        (dict(weight_decay=-0.1), "weight_decay"),
+        (dict(alpha=-1.0), "alpha"),
+        (dict(beta=-0.1), "beta"),
+        (dict(betas=(1.0, 0.9)), "betas"),
+        (dict(betas=(0.9, -0.1)), "betas"),
+        (dict(order="mirror"), "order"),
+        (dict(alpha=float("nan")), "alpha"),
+    ],
+)
 def test_invalid_arguments_name_the_argument(kwargs, name):
     with pytest.raises(ValueError, match=name):
         horst.HORST(make_params(), **kwargs)
@@ -286,21 +321,37 @@ def reference_sm_float64(steps, *, lr, betas, eps, wd, alpha, beta):
     return thetas
 
 
-@pytest.mark.parametrize("dtype, fused", [(torch.float64, False), (torch.float32, False), (torch.float32, True)],
-                         ids=["float64-plain", "float32-plain", "float32-C-kernel"])  # fmt: skip
+@pytest.mark.parametrize(
+    "dtype, fused",
+    [(torch.float64, False), (torch.float32, False), (torch.float32, True)],
+    ids=["float64-plain", "float32-plain", "float32-C-kernel"],
+)
 def test_order_sm_matches_float64_reference_over_30_steps(dtype, fused):
     hyper = dict(lr=1e-2, betas=(0.9, 0.99), eps=1e-8, wd=0.1, alpha=20.0, beta=0.5)
     actual, _ = run(
-        lambda ps: horst.HORST(ps, lr=hyper["lr"], betas=hyper["betas"], eps=hyper["eps"], weight_decay=hyper["wd"],
-                               alpha=hyper["alpha"], beta=hyper["beta"], order="sm", fused=fused),
-        steps=30, dtype=dtype,
-    )  # fmt: skip
+        lambda ps: horst.HORST(
+            ps,
+            lr=hyper["lr"],
+            betas=hyper["betas"],
+            eps=hyper["eps"],
+            weight_decay=hyper["wd"],
+            alpha=hyper["alpha"],
+            beta=hyper["beta"],
+            order="sm",
+            fused=fused,
+        ),
+        steps=30,
+        dtype=dtype,
+    )
     expected = reference_sm_float64(30, **hyper)
     for a, e in zip(actual, expected):
         torch.testing.assert_close(a.double(), e, rtol=1e-4, atol=1e-4 * e.abs().max().item())
     # and S∘M is not the parameter-space reorder: "ms" lands elsewhere
-    ms, _ = run(lambda ps: horst.HORST(ps, lr=1e-2, betas=(0.9, 0.99), weight_decay=0.1, alpha=20.0, beta=0.5,
-                                       fused=False), steps=30, dtype=torch.float64)  # fmt: skip
+    ms, _ = run(
+        lambda ps: horst.HORST(ps, lr=1e-2, betas=(0.9, 0.99), weight_decay=0.1, alpha=20.0, beta=0.5, fused=False),
+        steps=30,
+        dtype=torch.float64,
+    )
     assert max_abs_diff(actual, ms) > 1e-2
 
 
@@ -323,8 +374,10 @@ def test_complex_parameters_are_adamw_bit_for_bit():
     initial = torch.randn(4, 3, dtype=torch.complex64, generator=generator)
     grads = [torch.randn(4, 3, dtype=torch.complex64, generator=generator) for _ in range(10)]
     results = []
-    for make in (lambda ps: torch.optim.AdamW(ps, lr=1e-2, foreach=False),
-                 lambda ps: horst.HORST(ps, lr=1e-2, alpha=0.0, beta=0.0, fused=False)):  # fmt: skip
+    for make in (
+        lambda ps: torch.optim.AdamW(ps, lr=1e-2, foreach=False),
+        lambda ps: horst.HORST(ps, lr=1e-2, alpha=0.0, beta=0.0, fused=False),
+    ):
         param = torch.nn.Parameter(initial.clone())
         optimizer = make([param])
         for g in grads:
@@ -399,10 +452,16 @@ def test_tensor_lr_follows_torch_tensor_lr_arithmetic(fused):
     float32 arithmetic, not in Python floats: so does horst (bit for bit on the plain path)."""
     lr = 0.0123  # a value whose float32 products round differently from double ones
     adamw, _ = run(lambda ps: torch.optim.AdamW(ps, lr=torch.tensor(lr), betas=(0.9, 0.99), weight_decay=0.1), steps=20)
-    ours, _ = run(lambda ps: horst.HORST(ps, lr=torch.tensor(lr), betas=(0.9, 0.99), weight_decay=0.1, alpha=0.0,
-                                         beta=0.0, fused=fused), steps=20)  # fmt: skip
-    as_float, _ = run(lambda ps: horst.HORST(ps, lr=lr, betas=(0.9, 0.99), weight_decay=0.1, alpha=0.0, beta=0.0,
-                                             fused=fused), steps=20)  # fmt: skip
+    ours, _ = run(
+        lambda ps: horst.HORST(
+            ps, lr=torch.tensor(lr), betas=(0.9, 0.99), weight_decay=0.1, alpha=0.0, beta=0.0, fused=fused
+        ),
+        steps=20,
+    )
+    as_float, _ = run(
+        lambda ps: horst.HORST(ps, lr=lr, betas=(0.9, 0.99), weight_decay=0.1, alpha=0.0, beta=0.0, fused=fused),
+        steps=20,
+    )
     if fused:
         assert_close(ours, adamw)
     else:
@@ -410,8 +469,9 @@ def test_tensor_lr_follows_torch_tensor_lr_arithmetic(fused):
         assert not all(torch.equal(a, b) for a, b in zip(as_float, adamw))  # so the test can tell
     sgd_kwargs = dict(momentum=0.9, weight_decay=0.1)
     sgd, _ = run(lambda ps: torch.optim.SGD(ps, lr=torch.tensor(lr), **sgd_kwargs), steps=20)
-    ours, _ = run(lambda ps: horst.HORSTSGD(ps, lr=torch.tensor(lr), alpha=0.0, beta=0.0, fused=fused, **sgd_kwargs),
-                  steps=20)  # fmt: skip
+    ours, _ = run(
+        lambda ps: horst.HORSTSGD(ps, lr=torch.tensor(lr), alpha=0.0, beta=0.0, fused=fused, **sgd_kwargs), steps=20
+    )
     assert_close(ours, sgd, tol=0 if not fused else 1e-6)
 
 
@@ -432,7 +492,12 @@ def test_load_state_dict_keeps_this_optimizers_implementation_flags():
     optimizer = horst.HORST(params, fused=False)
     optimizer.load_state_dict(saved)
     group = optimizer.param_groups[0]
-    assert (group["foreach"], group["fused"], group["capturable"], group["differentiable"]) == (None, False, False, False)
+    assert (group["foreach"], group["fused"], group["capturable"], group["differentiable"]) == (
+        None,
+        False,
+        False,
+        False,
+    )
     for p, g in zip(params, gradients(params, 3)):
         p.grad = g
     optimizer.step()
@@ -454,7 +519,9 @@ def test_load_state_dict_checks_every_state_tensor_before_any_change(cls):
     params = make_params()
     reordered = [params[1], params[0], params[2]]  # shapes (5,), (6, 5), (3, 2, 4)
     optimizer = make(reordered)
-    with pytest.raises(ValueError, match=r"of param_groups\[0\]\['params'\]\[0\] has shape \(6, 5\), its parameter \(5,\)"):
+    with pytest.raises(
+        ValueError, match=r"of param_groups\[0\]\['params'\]\[0\] has shape \(6, 5\), its parameter \(5,\)"
+    ):
         optimizer.load_state_dict(saved)
     assert not optimizer.state
     name = next(n for n in saved["state"][2] if n != "step")

@@ -19,28 +19,46 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import QUIET_ENV, ROOT
 
 TINY_GPT2 = [
-    "model=gpt2_nano", "device=cpu", "train.max_steps=6", "train.warmup_steps=1", "train.batch_size=2",
-    "train.micro_batch_size=2", "train.log_interval=1", "train.eval_interval=0", "train.checkpoint_interval=0",
-    "eval.max_windows=8", "prune.sparsities=[0.0,0.5]",
-]  # fmt: skip
+    "model=gpt2_nano",
+    "device=cpu",
+    "train.max_steps=6",
+    "train.warmup_steps=1",
+    "train.batch_size=2",
+    "train.micro_batch_size=2",
+    "train.log_interval=1",
+    "train.eval_interval=0",
+    "train.checkpoint_interval=0",
+    "eval.max_windows=8",
+    "prune.sparsities=[0.0,0.5]",
+]
 # dense 0, compressed 1, decompressed 2, compressed 3; one update per epoch is enough here.
 TINY_VIT = [
-    "model=vit_nano", "train.epochs=4", "train.warmup_epochs=1", "acdc.dense_warmup=1", "acdc.compressed=1",
-    "acdc.decompressed=1", "acdc.final_decompressed=1", "acdc.final_compressed=1", "train.batch_size=256",
+    "model=vit_nano",
+    "train.epochs=4",
+    "train.warmup_epochs=1",
+    "acdc.dense_warmup=1",
+    "acdc.compressed=1",
+    "acdc.decompressed=1",
+    "acdc.final_decompressed=1",
+    "acdc.final_compressed=1",
+    "train.batch_size=256",
     "train.base_batch_size=256",
-]  # fmt: skip
+]
 
 
 def launch(script: str, *overrides: str, env: dict | None = None, timeout: float = 400) -> subprocess.CompletedProcess:
     environment = {**os.environ, **QUIET_ENV, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})}
     result = subprocess.run(
-        [sys.executable, str(ROOT / script), "-m", *overrides], cwd=ROOT, env=environment,
-        capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+        [sys.executable, str(ROOT / script), "-m", *overrides],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 
@@ -78,15 +96,31 @@ def test_slurm_launcher_submits_the_preset_as_one_array_that_completes(fake_slur
     state, env = fake_slurm
     sweep = tmp_path / "sweep"
     launch(
-        "train_gpt2.py", "hydra/launcher=slurm", "hydra.launcher.gpus_per_node=1", "hydra.launcher.partition=gpu",
-        "hydra.launcher.account=proj", "optimizer=adamw,horst", *TINY_GPT2, f"data.dir={pydoc_dir}",
-        f"hydra.sweep.dir={sweep}", env=env,
-    )  # fmt: skip
+        "train_gpt2.py",
+        "hydra/launcher=slurm",
+        "hydra.launcher.gpus_per_node=1",
+        "hydra.launcher.partition=gpu",
+        "hydra.launcher.account=proj",
+        "optimizer=adamw,horst",
+        *TINY_GPT2,
+        f"data.dir={pydoc_dir}",
+        f"hydra.sweep.dir={sweep}",
+        env=env,
+    )
     (script,) = state.glob("*.sbatch")  # one submission: the whole multirun is one job array
     lines = set(script.read_text().splitlines())
-    for line in ("#SBATCH --array=0-1%2", "#SBATCH --gpus-per-node=1", "#SBATCH --ntasks-per-node=1",
-                 "#SBATCH --signal=USR2@300", "#SBATCH --time=2880", "#SBATCH --partition=gpu",
-                 "#SBATCH --account=proj", "#SBATCH --cpus-per-task=12", "#SBATCH --mem=256GB", "#SBATCH --nodes=1"):  # fmt: skip
+    for line in (
+        "#SBATCH --array=0-1%2",
+        "#SBATCH --gpus-per-node=1",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --signal=USR2@300",
+        "#SBATCH --time=2880",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --account=proj",
+        "#SBATCH --cpus-per-task=12",
+        "#SBATCH --mem=256GB",
+        "#SBATCH --nodes=1",
+    ):
         assert line in lines, line
     assert any(re.match(r"srun .*python.* -u -m submitit.core._submit", line) for line in lines)
     assert [s["optimizer"]["name"] for s in summaries(sweep).values()] == ["adamw", "horst"]
@@ -127,10 +161,22 @@ def test_a_failed_cell_is_recorded_and_the_sweep_goes_on(pydoc_dir, tmp_path):
     sweep = tmp_path / "sweep"
     environment = {**os.environ, **QUIET_ENV, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
-        [sys.executable, str(ROOT / "train_gpt2.py"), "-m", "optimizer.alpha=-1,10", "optimizer=horst", *TINY_GPT2,
-         f"data.dir={pydoc_dir}", f"hydra.sweep.dir={sweep}"],
-        cwd=ROOT, env=environment, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "train_gpt2.py"),
+            "-m",
+            "optimizer.alpha=-1,10",
+            "optimizer=horst",
+            *TINY_GPT2,
+            f"data.dir={pydoc_dir}",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 1
     assert "1 cell(s) of this multirun failed" in result.stderr
     (failed,) = sweep.glob("*/failed.json")
@@ -144,14 +190,22 @@ def test_a_failed_cell_is_recorded_and_the_sweep_goes_on(pydoc_dir, tmp_path):
 def test_a_run_folder_that_cannot_be_written_is_one_line(mode, tmp_path):
     folder = tmp_path / "ro"
     folder.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(folder)], capture_output=True).returncode:
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(folder)], capture_output=True
+    ).returncode:
         pytest.skip("cannot mount a read-only filesystem here (and root ignores permission bits)")
     try:
         key = "hydra.run.dir" if mode == "run" else "hydra.sweep.dir"
         args = (["-m", "seed=0,1"] if mode == "multirun" else []) + [f"{key}={folder}/out"]
         environment = {**os.environ, **QUIET_ENV, "PYTHONPATH": str(ROOT)}
-        result = subprocess.run([sys.executable, str(ROOT / "train_gpt2.py"), *args], cwd=ROOT, env=environment,
-                                capture_output=True, text=True, timeout=120)  # fmt: skip
+        result = subprocess.run(
+            [sys.executable, str(ROOT / "train_gpt2.py"), *args],
+            cwd=ROOT,
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     finally:
         subprocess.run(["umount", "-l", str(folder)], check=True)
     assert result.returncode != 0

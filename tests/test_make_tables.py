@@ -11,10 +11,10 @@ import sys
 
 import pandas as pd
 import pytest
-
-from horst_sparse.training.runner import record_failed_cell
-from horst_sparse.analysis import report, runs, tables
 from conftest import ROOT
+
+from horst_sparse.analysis import report, runs, tables
+from horst_sparse.training.runner import record_failed_cell
 
 
 def _with(config: dict, **changes) -> dict:
@@ -54,13 +54,32 @@ def test_gpt2_seeds_with_a_copy_of_the_tokens_and_an_export_are_one_cell(tmp_pat
 def test_each_cell_lists_its_own_runs_and_seeds_whatever_order_the_rows_come_in():
     """Cells first seen out of their sorted order (a control's cell between two of the arm it
     controls, as in a study's record) still name their own runs and seeds, beside their own mean."""
-    keys = dict(pipeline="vit", data="mnist1d", model="vit_mnist1d", eval_split="test", metric="top1",
-                method="acdc", pattern="unstructured")  # fmt: skip
-    rows = [dict(keys, arm=arm, signature=arm[:4], sparsity=sparsity, seed=seed, run=f"{arm}/s{sparsity}/seed{seed}",
-                 value=value + seed)
-            for arm, sparsity, seeds, value in (("adamw", 0.9, (0, 1, 2), 50.0), ("horst_sm", 0.9, (3, 4), 10.0),
-                                                ("adamw", 0.7, (5, 6), 70.0))
-            for seed in seeds]  # fmt: skip
+    keys = dict(
+        pipeline="vit",
+        data="mnist1d",
+        model="vit_mnist1d",
+        eval_split="test",
+        metric="top1",
+        method="acdc",
+        pattern="unstructured",
+    )
+    rows = [
+        dict(
+            keys,
+            arm=arm,
+            signature=arm[:4],
+            sparsity=sparsity,
+            seed=seed,
+            run=f"{arm}/s{sparsity}/seed{seed}",
+            value=value + seed,
+        )
+        for arm, sparsity, seeds, value in (
+            ("adamw", 0.9, (0, 1, 2), 50.0),
+            ("horst_sm", 0.9, (3, 4), 10.0),
+            ("adamw", 0.7, (5, 6), 70.0),
+        )
+        for seed in seeds
+    ]
     cells = tables.cells(pd.DataFrame(rows))
     for cell in cells.itertuples():
         folders = cell.runs.split(";")
@@ -126,15 +145,23 @@ def test_the_record_gives_the_frame_the_folders_give(tmp_path, job_configs, writ
     runs.write_record(frame, tmp_path / "runs.csv")
     again = runs.read_record([tmp_path / "runs.csv"])
     columns = ["run", "arm", "seed", "metric", "method", "pattern", "sparsity", "value", "signature"]
-    pd.testing.assert_frame_equal(tables.cells(frame[runs.RECORD_COLUMNS]).drop(columns="runs"),
-                                  tables.cells(again).drop(columns="runs"), check_dtype=False)  # fmt: skip
+    pd.testing.assert_frame_equal(
+        tables.cells(frame[runs.RECORD_COLUMNS]).drop(columns="runs"),
+        tables.cells(again).drop(columns="runs"),
+        check_dtype=False,
+    )
     assert len(again) == len(frame) and set(again.columns) >= set(columns)
 
 
 def test_cell_text_rounds_once_and_one_run_has_no_spread():
-    two, one = pd.DataFrame({"mean": [71.004, 65.0], "std": [1.414, float("nan")], "n": [2, 1], "diverged": [0, 0]}).itertuples()
+    two, one = pd.DataFrame(
+        {"mean": [71.004, 65.0], "std": [1.414, float("nan")], "n": [2, 1], "diverged": [0, 0]}
+    ).itertuples()
     assert tables.cell_text(two, 2) == "71.00 ± 1.41" and tables.cell_text(one, 2) == "65.00"
-    assert tables.column_label("wanda", "2:4", 0.5) == "wanda 2:4" and tables.column_label("acdc", "unstructured", 0.995) == "99.5 %"
+    assert (
+        tables.column_label("wanda", "2:4", 0.5) == "wanda 2:4"
+        and tables.column_label("acdc", "unstructured", 0.995) == "99.5 %"
+    )
 
 
 def test_make_tables_writes_tables_latex_and_readable_figures(tmp_path, job_configs, write_run):
@@ -146,8 +173,12 @@ def test_make_tables_writes_tables_latex_and_readable_figures(tmp_path, job_conf
                 config = _with(job_configs[("vit", arm)], seed=seed, **{"acdc.sparsity": sparsity})
                 write_run(tmp_path / "runs" / arm / f"s{sparsity}" / f"seed{seed}", config, 0.95 - sparsity / 10)
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "scripts/make_tables.py", str(tmp_path / "runs"), "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "scripts/make_tables.py", str(tmp_path / "runs"), "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     text = (out / "tables.md").read_text()
     assert "| digits | vit_digits | horst |" in text and "| 99.5 % |" in text

@@ -106,8 +106,9 @@ def _test_basic_cases(constructor, scheduler_constructors=()):
     _test_state_dict(randn(10, 5), randn(10), randn(5), constructor)
     _test_basic_cases_template(randn(10, 5), randn(10), randn(5), constructor, scheduler_constructors)
     # non-contiguous parameters
-    _test_basic_cases_template(randn(10, 5, 2)[..., 0], randn(10, 2)[..., 0], randn(5), constructor,
-                               scheduler_constructors)  # fmt: skip
+    _test_basic_cases_template(
+        randn(10, 5, 2)[..., 0], randn(10, 2)[..., 0], randn(5), constructor, scheduler_constructors
+    )
 
 
 def rosenbrock(tensor):
@@ -186,9 +187,7 @@ def test_ham(fused):
     make = functools.partial(horst.HAM, fused=fused)
     _test_basic_cases(lambda weight, bias: make([weight, bias], lr=1e-3, alpha=20.0))
     _test_basic_cases(lambda weight, bias: make(_build_params_dict(weight, bias, lr=3e-3), lr=1e-3, alpha=20.0))
-    _test_basic_cases(
-        lambda weight, bias: make(_build_params_dict_single(weight, bias, lr=3e-3), lr=1e-3, alpha=20.0)
-    )
+    _test_basic_cases(lambda weight, bias: make(_build_params_dict_single(weight, bias, lr=3e-3), lr=1e-3, alpha=20.0))
     _test_rosenbrock(lambda params: make(params, lr=5e-2))
     _test_model(lambda params: make(params, lr=5e-2))
 
@@ -286,10 +285,11 @@ IMPORT_ORDERS = {
 def test_import_horst_registers_with_timm_in_either_order_and_imports_no_timm():
     check = f"; print(sorted(n for n in timm.optim.list_optimizers() if n in {sorted(TIMM_NAMES)}))"
     processes = {
-        order: subprocess.Popen([sys.executable, "-c", code + check], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
+        order: subprocess.Popen(
+            [sys.executable, "-c", code + check], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         for order, code in IMPORT_ORDERS.items()
-    }  # fmt: skip
+    }
     for order, process in processes.items():
         out, err = process.communicate(timeout=120)
         assert process.returncode == 0, (order, err)

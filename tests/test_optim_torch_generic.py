@@ -41,26 +41,44 @@ from horst import _fast_path
 # keyword variants per optimizer (torch's optim_inputs_func); sizes as torch's defaults
 OPTIM_INPUTS = {
     horst.HORST: [
-        {}, {"lr": 0.01}, {"weight_decay": 0.1}, {"weight_decay": 0.1, "maximize": True},
-        {"lr": torch.tensor(0.001)}, {"alpha": 0.0, "beta": 0.0}, {"order": "sm"},
+        {},
+        {"lr": 0.01},
+        {"weight_decay": 0.1},
+        {"weight_decay": 0.1, "maximize": True},
+        {"lr": torch.tensor(0.001)},
+        {"alpha": 0.0, "beta": 0.0},
+        {"order": "sm"},
         {"betas": (0.8, 0.9), "eps": 1e-6},
     ],
     horst.HAM: [
         # maximizing torch's unbounded quadratic grows the weights, and HAM's gradient-driven
         # exponent with them: at alpha 20 the loss overflows within 20 steps, at 5 it rises
-        {}, {"weight_decay": 0.1}, {"weight_decay": 0.1, "maximize": True, "alpha": 5.0}, {"lr": torch.tensor(0.001)},
-        {"max_norm": 1.0}, {"alpha": 20.0, "nan_guard": False},
+        {},
+        {"weight_decay": 0.1},
+        {"weight_decay": 0.1, "maximize": True, "alpha": 5.0},
+        {"lr": torch.tensor(0.001)},
+        {"max_norm": 1.0},
+        {"alpha": 20.0, "nan_guard": False},
     ],
     horst.HORSTLion: [
-        {}, {"lr": 1e-3}, {"weight_decay": 0.1}, {"weight_decay": 0.1, "maximize": True},
-        {"lr": torch.tensor(1e-4)}, {"order": "sm", "beta": 0.1},
+        {},
+        {"lr": 1e-3},
+        {"weight_decay": 0.1},
+        {"weight_decay": 0.1, "maximize": True},
+        {"lr": torch.tensor(1e-4)},
+        {"order": "sm", "beta": 0.1},
     ],
     # maximize: ascent on torch's unbounded quadratic, where SGD's unnormalised pull
     # exp(alpha * lr * |g|) grows with the gradient; alpha 1 overflows in 20 steps, 0.1 does not
     horst.HORSTSGD: [
-        {}, {"lr": 0.01, "alpha": 1.0}, {"momentum": 0.9}, {"momentum": 0.9, "dampening": 0.5},
-        {"momentum": 0.9, "nesterov": True, "weight_decay": 0.1}, {"momentum": 0.9, "maximize": True, "alpha": 0.1},
-        {"lr": torch.tensor(0.001)}, {"order": "sm", "beta": 0.1},
+        {},
+        {"lr": 0.01, "alpha": 1.0},
+        {"momentum": 0.9},
+        {"momentum": 0.9, "dampening": 0.5},
+        {"momentum": 0.9, "nesterov": True, "weight_decay": 0.1},
+        {"momentum": 0.9, "maximize": True, "alpha": 0.1},
+        {"lr": torch.tensor(0.001)},
+        {"order": "sm", "beta": 0.1},
     ],
 }
 CASES = [
@@ -94,13 +112,21 @@ def maximizing(kwargs):
 
 
 @pytest.mark.parametrize("cls", OPTIMIZERS)
-@pytest.mark.parametrize("kwargs, error, match", [
-    ({"lr": -1.0}, ValueError, "lr"), ({"weight_decay": -0.1}, ValueError, "weight_decay"),
-    ({"alpha": -1.0}, ValueError, "alpha"), ({"beta": float("nan")}, ValueError, "beta"),
-    ({"foreach": True}, ValueError, "fused=True"), ({"capturable": True}, ValueError, "capturable=False"),
-    ({"differentiable": True}, ValueError, "differentiable=False"), ({"fused": "yes"}, ValueError, "fused"),
-    ({"lr": torch.tensor([1e-3, 1e-3])}, ValueError, "lr"), ({"no_such_keyword": 1}, TypeError, "no_such_keyword"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"lr": -1.0}, ValueError, "lr"),
+        ({"weight_decay": -0.1}, ValueError, "weight_decay"),
+        ({"alpha": -1.0}, ValueError, "alpha"),
+        ({"beta": float("nan")}, ValueError, "beta"),
+        ({"foreach": True}, ValueError, "fused=True"),
+        ({"capturable": True}, ValueError, "capturable=False"),
+        ({"differentiable": True}, ValueError, "differentiable=False"),
+        ({"fused": "yes"}, ValueError, "fused"),
+        ({"lr": torch.tensor([1e-3, 1e-3])}, ValueError, "lr"),
+        ({"no_such_keyword": 1}, TypeError, "no_such_keyword"),
+    ],
+)
 def test_errors(cls, kwargs, error, match):
     with pytest.raises(error, match=match):
         cls([Parameter(torch.randn(2, 2))], **kwargs)
@@ -108,8 +134,12 @@ def test_errors(cls, kwargs, error, match):
 
 @pytest.mark.parametrize("cls", OPTIMIZERS)
 def test_errors_for_base_hyperparameters(cls):
-    bad = {horst.HORST: {"betas": (1.0, 0.9)}, horst.HAM: {"eps": -1.0}, horst.HORSTLion: {"betas": (0.9, -0.1)},
-           horst.HORSTSGD: {"nesterov": True}}[cls]  # fmt: skip
+    bad = {
+        horst.HORST: {"betas": (1.0, 0.9)},
+        horst.HAM: {"eps": -1.0},
+        horst.HORSTLion: {"betas": (0.9, -0.1)},
+        horst.HORSTSGD: {"nesterov": True},
+    }[cls]
     with pytest.raises(ValueError, match=next(iter(bad)) if cls is not horst.HORSTSGD else "nesterov"):
         cls([Parameter(torch.randn(2, 2))], **bad)
 
@@ -269,8 +299,10 @@ def test_complex(cls, kwargs, fused):
     if cls in SMALL_STEP and not any(k in kwargs for k in SMALL_STEP[cls]):
         kwargs = {**kwargs, **SMALL_STEP[cls]}
     generator = torch.Generator().manual_seed(0)
-    params = [Parameter(torch.randn(10, 5, dtype=torch.complex64, generator=generator)),
-              Parameter(torch.randn(10, dtype=torch.complex64, generator=generator))]  # fmt: skip
+    params = [
+        Parameter(torch.randn(10, 5, dtype=torch.complex64, generator=generator)),
+        Parameter(torch.randn(10, dtype=torch.complex64, generator=generator)),
+    ]
     _complex_vs_real(cls, kwargs, fused, params, {"hyperbolic": True})
 
 
@@ -482,8 +514,9 @@ def test_param_groups_weight_decay(cls):
     weight = Parameter(torch.randn(10, 5, generator=generator))
     bias = Parameter(torch.randn(10, generator=generator))
     input_ = torch.randn(5, generator=generator)
-    optimizer = make(cls, [{"params": [weight], "weight_decay": 0.1}, {"params": [bias]}], False,
-                     **SMALL_STEP.get(cls, {}))  # fmt: skip
+    optimizer = make(
+        cls, [{"params": [weight], "weight_decay": 0.1}, {"params": [bias]}], False, **SMALL_STEP.get(cls, {})
+    )
     assert optimizer.param_groups[1]["weight_decay"] == optimizer.defaults["weight_decay"]
     closure = _right_direction_closure(optimizer, weight, bias, input_)
     initial = closure().item()
@@ -498,8 +531,9 @@ def test_param_groups_lr(cls):
     weight = Parameter(torch.randn(10, 5, generator=generator))
     bias = Parameter(torch.randn(10, generator=generator))
     input_ = torch.randn(5, generator=generator)
-    optimizer = make(cls, [{"params": [weight], "lr": 1e-3}, {"params": [bias], "lr": 0.0}], False,
-                     **SMALL_STEP.get(cls, {}))  # fmt: skip
+    optimizer = make(
+        cls, [{"params": [weight], "lr": 1e-3}, {"params": [bias], "lr": 0.0}], False, **SMALL_STEP.get(cls, {})
+    )
     closure = _right_direction_closure(optimizer, weight, bias, input_)
     bias_before = bias.detach().clone()
     initial = closure().item()
@@ -576,8 +610,8 @@ def test_fused_matches_forloop(cls, kwargs):
 @pytest.mark.parametrize("cls", OPTIMIZERS)
 def test_set_default_dtype_works(cls):
     """torch's ``test_set_default_dtype_works_with_foreach``: float64 parameters under a float64
-    default dtype step in float64 (on the plain path: the fast path would compile a float64 kernel
-per base, seconds each; ``tests/test_horst_fast_path.py`` covers the compiled path)."""
+        default dtype step in float64 (on the plain path: the fast path would compile a float64 kernel
+    per base, seconds each; ``tests/test_horst_fast_path.py`` covers the compiled path)."""
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
@@ -595,4 +629,3 @@ def test_positional_lr():
     param = Parameter(torch.randn(2, 2))
     assert horst.HORST([param], 3e-4).param_groups[0]["lr"] == 3e-4
     assert horst.HORSTSGD([param], 0.1, 0.9).param_groups[0]["momentum"] == 0.9
-

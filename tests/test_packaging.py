@@ -44,7 +44,11 @@ def test_the_lock_pins_every_dependency_within_its_range():
         requirement = Requirement(spec)
         name = canonicalize_name(requirement.name)
         assert name in pins, f"{name} is not in requirements.lock: regenerate it (the command is in its header)"
-        assert requirement.specifier.contains(pins[name], prereleases=True), (name, pins[name], str(requirement.specifier))
+        assert requirement.specifier.contains(pins[name], prereleases=True), (
+            name,
+            pins[name],
+            str(requirement.specifier),
+        )
 
 
 def test_the_lock_keeps_the_torch_pins_of_the_constraints_file():
@@ -131,8 +135,9 @@ def test_wheel_installs_with_torch_alone_and_takes_a_step(tmp_path):
     for package in ("horst", "pruning", "horst_sparse", "hydra_plugins"):
         shutil.copytree(ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet"]
-    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", tmp_path / "dist", source],
-                   check=True)  # fmt: skip
+    subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", tmp_path / "dist", source], check=True
+    )
     (wheel,) = (tmp_path / "dist").glob("*.whl")
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
@@ -140,8 +145,12 @@ def test_wheel_installs_with_torch_alone_and_takes_a_step(tmp_path):
     torch_only = tmp_path / "torch-only"
     requirements = torch_and_its_requirements()
     expose(requirements, torch_only)
-    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     (Path(site) / "torch-only.pth").write_text(f"{torch_only}\n")
     subprocess.run([*pip, "--python", python, "install", "--no-deps", "--no-index", wheel], check=True)
     check = subprocess.run([*pip, "--python", python, "check"], capture_output=True, text=True)

@@ -5,18 +5,15 @@ the cost table's ranges, nothing submitted; and the commands a new user types fi
 from __future__ import annotations
 
 import functools
-import importlib.util
 import itertools
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from horst_sparse.vit.data import IMAGENET_LAYOUT
-
 from horst_sparse.compose import sweep_jobs
 from horst_sparse.study import plan
+from horst_sparse.vit.data import IMAGENET_LAYOUT
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -54,7 +51,9 @@ def test_sweep_preset_expands_to_its_cells_with_a_cost_each(sweep: str):
 
 def test_deit_table_cells_costs_and_launcher():
     entry, config, cells = planned("deit_table")
-    out = plan.render(entry, config, cells, ["+sweep=deit_table", "data.root=/x", "hydra/launcher=slurm"], data_checked=False)
+    out = plan.render(
+        entry, config, cells, ["+sweep=deit_table", "data.root=/x", "hydra/launcher=slurm"], data_checked=False
+    )
     experiments = sorted(p.stem for p in (REPO / "configs" / "experiment").glob("deit_*_acdc_s*.yaml"))
     assert sorted((c.choices["experiment"], c.choices["optimizer"]) for c in cells) == sorted(
         itertools.product(experiments, ["adamw", "ham", "horst"])
@@ -69,7 +68,9 @@ def test_deit_table_cells_costs_and_launcher():
     assert "SlurmLauncher" in out and "one SLURM job array of 27 jobs" in out and "x 4 GPU(s)" in out
     assert "nothing was submitted" in out
     # The same table without a dataset: every cell refused, in one line (the line main prints)
-    assert plan.check(entry, cells) == [f"every cell (27): data.root=/x does not exist or is not a folder; {IMAGENET_LAYOUT}"]
+    assert plan.check(entry, cells) == [
+        f"every cell (27): data.root=/x does not exist or is not a folder; {IMAGENET_LAYOUT}"
+    ]
     assert plan.check(entry, cells, data=False) == []
 
 
@@ -91,7 +92,9 @@ def test_cost_table_covers_every_experiment_preset():
 
 
 def test_cost_scales_with_the_training_length():
-    _, _, cells = plan.plan("train_vit.py", ["experiment=deit_small_acdc_s90", "optimizer=adamw,horst", "train.epochs=150"])
+    _, _, cells = plan.plan(
+        "train_vit.py", ["experiment=deit_small_acdc_s90", "optimizer=adamw,horst", "train.epochs=150"]
+    )
     costs = yaml.safe_load((REPO / "configs" / "costs.yaml").read_text())["experiments"]["deit_small_acdc_s90"]
     assert len(cells) == 2
     assert all(c.gpu_hours == pytest.approx(costs["gpu_hours"] / 2) for c in cells)
@@ -112,11 +115,22 @@ def test_the_expansion_is_hydras_basic_sweepers():
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    arguments = ["optimizer=horst", "acdc.sparsity=0.5,0.9", "seed=range(0,3)", "optimizer=adamw,horst", "train.epochs=40"]
+    arguments = [
+        "optimizer=horst",
+        "acdc.sparsity=0.5,0.9",
+        "seed=range(0,3)",
+        "optimizer=adamw,horst",
+        "train.epochs=40",
+    ]
     reference = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(arguments), None)
     assert sweep_jobs(arguments) == [list(job) for batch in reference for job in batch]
     _, _, cells = plan.plan("train_vit.py", arguments)
-    assert len(cells) == 2 * 2 * 3 and cells[0].overrides == ["optimizer=adamw", "acdc.sparsity=0.5", "seed=0", "train.epochs=40"]
+    assert len(cells) == 2 * 2 * 3 and cells[0].overrides == [
+        "optimizer=adamw",
+        "acdc.sparsity=0.5",
+        "seed=0",
+        "train.epochs=40",
+    ]
     assert [c.config.optimizer.name for c in cells[:2]] == ["adamw", "adamw"] and cells[-1].config.acdc.sparsity == 0.9
 
 
@@ -137,21 +151,44 @@ def run_main(capsys, *argv: str) -> tuple[int, str, str]:
 def test_a_plain_multirun_is_planned(capsys):
     code, out, err = run_main(capsys, "train_vit.py", "-m", "optimizer=adamw,horst", "seed=0,1")
     assert code == 0, err
-    assert "4 cells:" in out and "optimizer=horst seed=1" in out and "every cell passed the pipeline's start-up checks" in out
+    assert (
+        "4 cells:" in out
+        and "optimizer=horst seed=1" in out
+        and "every cell passed the pipeline's start-up checks" in out
+    )
     assert "total: 4 runs, 0 GPU-hours (and 4 CPU runs" in out
 
 
-@pytest.mark.parametrize("arguments,lines", [
-    (["train.base_lr=-1", "optimizer=adamw,horst"], ["error: every cell (2): train.base_lr=-1.0 must be positive"]),
-    (["acdc.sparsity=0.5,1.5"], ["error: cell 1 (acdc.sparsity=1.5): acdc.sparsity=1.5 must be in [0, 1)"]),
-    (["acdc.sparsity=1.5", "optimizer=adamw"], ["error: cell 0 (acdc.sparsity=1.5 optimizer=adamw): acdc.sparsity=1.5 must be in [0, 1)"]),
-    (["experiment=deit_small_acdc_s90", "optimizer=adamw,horst"], ["error: every cell (2): data.root is not set; pass data.root="]),
-    (["acdc.patterns=[\"2:4\"]"], ["error: cell 0 (acdc.patterns=[\"2:4\"]): acdc.patterns has '2:4', but acdc.patterns are "
-                                   "module-name regexes added to the prunable set; for 2:4 masks use acdc.pattern=\"2:4\" "
-                                   "acdc.sparsity=0.5"]),
-    (["acdc.patterns=[blocks.0.attn.qkvv]"], ["error: cell 0 (acdc.patterns=[blocks.0.attn.qkvv]): acdc.patterns has "
-                                              "'blocks.0.attn.qkvv', which matches no prunable layer of the model"]),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "arguments,lines",
+    [
+        (["train.base_lr=-1", "optimizer=adamw,horst"], ["error: every cell (2): train.base_lr=-1.0 must be positive"]),
+        (["acdc.sparsity=0.5,1.5"], ["error: cell 1 (acdc.sparsity=1.5): acdc.sparsity=1.5 must be in [0, 1)"]),
+        (
+            ["acdc.sparsity=1.5", "optimizer=adamw"],
+            ["error: cell 0 (acdc.sparsity=1.5 optimizer=adamw): acdc.sparsity=1.5 must be in [0, 1)"],
+        ),
+        (
+            ["experiment=deit_small_acdc_s90", "optimizer=adamw,horst"],
+            ["error: every cell (2): data.root is not set; pass data.root="],
+        ),
+        (
+            ['acdc.patterns=["2:4"]'],
+            [
+                "error: cell 0 (acdc.patterns=[\"2:4\"]): acdc.patterns has '2:4', but acdc.patterns are "
+                'module-name regexes added to the prunable set; for 2:4 masks use acdc.pattern="2:4" '
+                "acdc.sparsity=0.5"
+            ],
+        ),
+        (
+            ["acdc.patterns=[blocks.0.attn.qkvv]"],
+            [
+                "error: cell 0 (acdc.patterns=[blocks.0.attn.qkvv]): acdc.patterns has "
+                "'blocks.0.attn.qkvv', which matches no prunable layer of the model"
+            ],
+        ),
+    ],
+)
 def test_cells_that_would_fail_are_refused_one_line_each(capsys, arguments, lines):
     code, out, err = run_main(capsys, "train_vit.py", "-m", *arguments)
     assert code == 1 and out == ""
@@ -170,8 +207,15 @@ def test_a_misspelt_key_is_one_line_with_did_you_mean(capsys):
 def test_deit_cells_with_their_imagenet_are_planned_and_a_missing_dataset_refused(capsys, tmp_path: Path):
     for split in ("train", "val"):
         (tmp_path / split / "n01440764").mkdir(parents=True)
-    code, out, err = run_main(capsys, "train_vit.py", "-m", "experiment=deit_tiny_acdc_s90", "optimizer=adamw,horst",
-                              f"data.root={tmp_path}", "hydra/launcher=slurm")  # fmt: skip
+    code, out, err = run_main(
+        capsys,
+        "train_vit.py",
+        "-m",
+        "experiment=deit_tiny_acdc_s90",
+        "optimizer=adamw,horst",
+        f"data.root={tmp_path}",
+        "hydra/launcher=slurm",
+    )
     assert code == 0, err
     assert "2 cells:" in out and "with 4 process(es) per job" in out and "total: 2 runs, 98-576 V100-hours" in out
     code, out, err = run_main(capsys, "train_gpt2.py", "-m", "+sweep=gpt2_table", f"data.dir={tmp_path / 'none'}")

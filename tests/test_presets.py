@@ -8,15 +8,21 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT
+
 from horst_sparse.training.presets import presets
 
 
 def entry_point(script: str, *args: str) -> subprocess.CompletedProcess:
     environment = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, str(ROOT / script), *args], cwd=ROOT, env=environment,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, str(ROOT / script), *args],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_presets_are_split_by_pipeline():
@@ -35,10 +41,13 @@ def test_help_lists_only_the_pipelines_own_presets():
     assert "deit" not in text.split("== Config ==")[0] and "schema_" not in text
 
 
-@pytest.mark.parametrize("script,argument,owner", [
-    ("train_gpt2.py", "experiment=deit_small_acdc_s90", "train_vit.py"),
-    ("train_vit.py", "model=gpt2_tiny", "train_gpt2.py"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "script,argument,owner",
+    [
+        ("train_gpt2.py", "experiment=deit_small_acdc_s90", "train_vit.py"),
+        ("train_vit.py", "model=gpt2_tiny", "train_gpt2.py"),
+    ],
+)
 def test_another_pipelines_preset_is_one_line(script, argument, owner):
     result = entry_point(script, argument)
     assert result.returncode == 1

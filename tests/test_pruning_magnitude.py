@@ -62,8 +62,7 @@ def test_global_equals_global_unstructured(sparsity):
     generator = torch.Generator().manual_seed(2)
     # Different scales per layer, so the global threshold prunes layers unevenly.
     weights = {
-        f"w{i}": torch.randn(s, generator=generator, dtype=torch.float64) * (i + 1)
-        for i, s in enumerate(SHAPES)
+        f"w{i}": torch.randn(s, generator=generator, dtype=torch.float64) * (i + 1) for i, s in enumerate(SHAPES)
     }
     assert_no_ties(weights)
     masks = pruning.magnitude_masks(weights, sparsity, scope="global")
@@ -88,9 +87,7 @@ def test_global_single_threshold():
 def test_exact_counts_with_ties(scope, sparsity):
     generator = torch.Generator().manual_seed(4)
     # Few distinct magnitudes, both signs, many zeros: almost every threshold is a tie.
-    weights = {
-        f"w{i}": torch.randint(-3, 4, shape, generator=generator).float() for i, shape in enumerate(SHAPES)
-    }
+    weights = {f"w{i}": torch.randint(-3, 4, shape, generator=generator).float() for i, shape in enumerate(SHAPES)}
     masks = pruning.magnitude_masks(weights, sparsity, scope=scope)
     if scope == "layerwise":
         for name, weight in weights.items():

@@ -80,9 +80,7 @@ def test_wrapped_model_names():
     wrapped = nn.Sequential()
     wrapped.add_module(
         "module",
-        nn.ModuleDict(
-            {"blocks": nn.ModuleList([nn.ModuleDict({"mlp": nn.ModuleDict({"fc1": nn.Linear(4, 4)})})])}
-        ),
+        nn.ModuleDict({"blocks": nn.ModuleList([nn.ModuleDict({"mlp": nn.ModuleDict({"fc1": nn.Linear(4, 4)})})])}),
     )
     assert list(pruning.prunable_parameters(wrapped, "vit")) == ["module.blocks.0.mlp.fc1.weight"]
 

@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
 
 
@@ -45,8 +44,11 @@ def words(command: str) -> list[str]:
 COMMANDS = readme_commands()
 # results/tuning/README.md: how the pipelines' alpha/beta picks were made (its shell loop's
 # variable at its first value)
-TUNING = [c.replace("$seed", "0") for c in readme_commands(ROOT / "results" / "tuning" / "README.md")
-          if c.startswith(("python ", "horst-"))]  # fmt: skip
+TUNING = [
+    c.replace("$seed", "0")
+    for c in readme_commands(ROOT / "results" / "tuning" / "README.md")
+    if c.startswith(("python ", "horst-"))
+]
 ENTRY = [c for c in COMMANDS + TUNING if re.search(r"\btrain_(gpt2|vit)\.py\b", c) and "horst-plan" not in c]
 SCRIPTS = [c for c in COMMANDS + TUNING if re.search(r"\b(scripts|bench)/\w+\.py\b|(^|/)horst-[a-z-]+\b", c)]
 MAKE = [c for c in COMMANDS if c.startswith("make ")]
@@ -81,14 +83,19 @@ def test_entry_point_command_composes_and_passes_the_checks(command):
 def test_script_command_uses_only_flags_the_script_takes(command):
     parts = words(command)
     script = next(p for p in parts if re.match(r"^(scripts|bench)/\w+\.py$|^(.*/)?horst-[a-z-]+$", p))
-    command_line = [str(Path(sys.executable).parent / Path(script).name)] if "horst-" in script else [sys.executable, str(ROOT / script)]
+    command_line = (
+        [str(Path(sys.executable).parent / Path(script).name)]
+        if "horst-" in script
+        else [sys.executable, str(ROOT / script)]
+    )
     assert Path(command_line[-1]).is_file(), script  # a horst-* command: installed beside this Python
     flags = {p.split("=")[0] for p in parts if p.startswith("--")}
     if script.endswith("horst-plan"):
         return  # its arguments are an entry point's: test_entry_point_command_... covers the same commands
     if flags:
-        help_text = subprocess.run([*command_line, "--help"], cwd=ROOT, capture_output=True, text=True,
-                                   timeout=120).stdout  # fmt: skip
+        help_text = subprocess.run(
+            [*command_line, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120
+        ).stdout
         assert all(flag in help_text for flag in flags), (script, flags, help_text[-500:])
 
 
@@ -103,6 +110,10 @@ def test_the_environment_the_readme_activates_is_the_one_make_builds(command):
     """`source .venv/bin/activate` puts this interpreter and its horst-* commands first on PATH."""
     activate = ROOT / command.split()[1]
     assert activate == Path(sys.prefix) / "bin" / "activate" or not (ROOT / ".venv").exists(), (activate, sys.prefix)
-    done = subprocess.run(["bash", "-c", f"source {activate} && command -v python horst-plan"], capture_output=True,
-                          text=True, cwd=ROOT)  # fmt: skip
-    assert done.returncode == 0 and done.stdout.split() == [str(activate.parent / "python"), str(activate.parent / "horst-plan")]
+    done = subprocess.run(
+        ["bash", "-c", f"source {activate} && command -v python horst-plan"], capture_output=True, text=True, cwd=ROOT
+    )
+    assert done.returncode == 0 and done.stdout.split() == [
+        str(activate.parent / "python"),
+        str(activate.parent / "horst-plan"),
+    ]

@@ -45,25 +45,45 @@ def test_adding_a_recipe_is_its_yaml_and_its_tuned_index(tmp_path):
     shutil.copytree(CONFIGS, configs)
     recipe = (configs / "vit_recipe" / "digits.yaml").read_text()
     (configs / "vit_recipe" / "digits_long.yaml").write_text(
-        recipe.replace("/tuned/vit@tuned: digits", "/tuned/vit@tuned: digits_long").replace("  epochs: 40", "  epochs: 80")
+        recipe.replace("/tuned/vit@tuned: digits", "/tuned/vit@tuned: digits_long").replace(
+            "  epochs: 40", "  epochs: 80"
+        )
     )
     index = (configs / "tuned" / "vit" / "digits.yaml").read_text()
     (configs / "tuned" / "vit" / "digits_long.yaml").write_text(index.replace("- digits@", "- digits_long@"))
     shutil.copytree(configs / "tuned" / "vit" / "digits", configs / "tuned" / "vit" / "digits_long")
     with open(configs / "tuned" / "vit" / "digits_long" / "horst.yaml") as f:
         horst = yaml.safe_load(f)
-    cfg = _compose(configs, ["vit_recipe=digits_long", "optimizer=horst", "acdc.dense_warmup=8", "acdc.final_compressed=12",
-                             "acdc.final_decompressed=8", "acdc.compressed=4", "acdc.decompressed=4"])  # fmt: skip
+    cfg = _compose(
+        configs,
+        [
+            "vit_recipe=digits_long",
+            "optimizer=horst",
+            "acdc.dense_warmup=8",
+            "acdc.final_compressed=12",
+            "acdc.final_decompressed=8",
+            "acdc.compressed=4",
+            "acdc.decompressed=4",
+        ],
+    )
     validate(cfg, world_size=1)
     assert cfg.train.epochs == 80 and cfg.optimizer.alpha == horst["alpha"] and cfg.optimizer.beta == horst["beta"]
 
 
 def test_every_path_the_code_map_names_exists():
     readme = (CONFIGS.parent / "README.md").read_text()
-    table = readme[readme.index("## Code map"):readme.index("To add")]
-    paths = [p for cell in re.findall(r"^\| `([^|]*)\|", table, re.M) for p in re.findall(r"`?([\w/.]+\.py|[\w/]+/)`?", cell)]
-    for folder in ("horst_sparse/training/", "horst_sparse/analysis/", "horst_sparse/study/"):  # the files each row names
-        paths += [folder + name for name in re.findall(r"`(\w+\.py)`", table.split(f"| `{folder}` |")[1].split("\n")[0])]
+    table = readme[readme.index("## Code map") : readme.index("To add")]
+    paths = [
+        p for cell in re.findall(r"^\| `([^|]*)\|", table, re.M) for p in re.findall(r"`?([\w/.]+\.py|[\w/]+/)`?", cell)
+    ]
+    for folder in (
+        "horst_sparse/training/",
+        "horst_sparse/analysis/",
+        "horst_sparse/study/",
+    ):  # the files each row names
+        paths += [
+            folder + name for name in re.findall(r"`(\w+\.py)`", table.split(f"| `{folder}` |")[1].split("\n")[0])
+        ]
     assert len(paths) > 10
     missing = [p for p in paths if not (CONFIGS.parent / p).exists()]
     assert not missing, missing

@@ -24,8 +24,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import (
+    QUIET_ENV,
+    ROOT,
+    SLURM_CLUSTER_HINT,
+    compose_cfg,
+    final_params,
+    logged_steps,
+    read_records,
+    slurm_cluster_node,
+)
 
-from conftest import QUIET_ENV, ROOT, SLURM_CLUSTER_HINT, compose_cfg, final_params, logged_steps, read_records, slurm_cluster_node
 from horst_sparse.gpt2.run import run as gpt2_run
 
 if slurm_cluster_node() is None:
@@ -33,23 +42,40 @@ if slurm_cluster_node() is None:
 pytestmark = pytest.mark.slurm  # they wait on the scheduler for minutes: .ci/run runs them after `make test`
 
 TINY_GPT2 = [
-    "model=gpt2_nano", "device=cpu", "train.warmup_steps=1", "train.batch_size=2", "train.micro_batch_size=2",
-    "train.log_interval=1", "train.eval_interval=0", "train.checkpoint_interval=0", "eval.max_windows=8",
+    "model=gpt2_nano",
+    "device=cpu",
+    "train.warmup_steps=1",
+    "train.batch_size=2",
+    "train.micro_batch_size=2",
+    "train.log_interval=1",
+    "train.eval_interval=0",
+    "train.checkpoint_interval=0",
+    "eval.max_windows=8",
     "prune.sparsities=[0.0,0.5]",
-]  # fmt: skip
+]
 # What the presets ask for, cut to a CPU job that fits the test node (8 CPUs, 16 GB).
 CPU_JOB = [
-    "hydra/launcher=slurm_1gpu", "hydra.launcher.gpus_per_node=0", "hydra.launcher.cpus_per_task=1",
-    "hydra.launcher.mem_gb=2", "hydra.launcher.timeout_min=20",
-]  # fmt: skip
+    "hydra/launcher=slurm_1gpu",
+    "hydra.launcher.gpus_per_node=0",
+    "hydra.launcher.cpus_per_task=1",
+    "hydra.launcher.mem_gb=2",
+    "hydra.launcher.timeout_min=20",
+]
 ENV = {**os.environ, **QUIET_ENV, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 TIMEOUT = 400
 
 
 def sweep(sweep_dir: Path, *overrides: str) -> subprocess.Popen:
     """`python train_gpt2.py -m <CPU_JOB> <TINY_GPT2> overrides hydra.sweep.dir=...`, running."""
-    command = [sys.executable, str(ROOT / "train_gpt2.py"), "-m", *CPU_JOB, *TINY_GPT2, *overrides,
-               f"hydra.sweep.dir={sweep_dir}"]  # fmt: skip
+    command = [
+        sys.executable,
+        str(ROOT / "train_gpt2.py"),
+        "-m",
+        *CPU_JOB,
+        *TINY_GPT2,
+        *overrides,
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
     return subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -134,13 +160,22 @@ def test_preemption_requeues_and_ends_with_the_weights_of_an_uninterrupted_run(
         torch.set_num_threads(threads)
 
     sweep_dir = tmp_path / "sweep"
-    launcher = sweep(sweep_dir, f"data.dir={pydoc_dir}", f"train.max_steps={steps}", "optimizer=horst",
-                     "hydra.launcher.partition=preemptible", "hydra.launcher.gres=slot:1")  # fmt: skip
+    launcher = sweep(
+        sweep_dir,
+        f"data.dir={pydoc_dir}",
+        f"train.max_steps={steps}",
+        "optimizer=horst",
+        "hydra.launcher.partition=preemptible",
+        "hydra.launcher.gres=slot:1",
+    )
     (cell,) = wait_for(lambda: cells(sweep_dir), "the submission")
     run_dir = Path(cell["run_dir"])
     wait_for(lambda: len(logged_steps(run_dir)) >= 3, "the cell to train")
-    subprocess.run(["sbatch", "-p", "urgent", "--gres=slot:1", "-o", "/dev/null", "--wrap", "sleep 1"], check=True,
-                   capture_output=True)  # fmt: skip
+    subprocess.run(
+        ["sbatch", "-p", "urgent", "--gres=slot:1", "-o", "/dev/null", "--wrap", "sleep 1"],
+        check=True,
+        capture_output=True,
+    )
     _, stderr = launcher.communicate(timeout=TIMEOUT)
     assert launcher.returncode == 0, stderr[-3000:]
 
@@ -157,14 +192,21 @@ def test_preemption_requeues_and_ends_with_the_weights_of_an_uninterrupted_run(
         assert torch.equal(expected[name], actual[name]), name
 
 
-def test_a_two_task_ddp_cell_checkpoints_on_usr2_is_requeued_by_submitit_and_finishes(slurm_cluster, pydoc_dir, tmp_path):
+def test_a_two_task_ddp_cell_checkpoints_on_usr2_is_requeued_by_submitit_and_finishes(
+    slurm_cluster, pydoc_dir, tmp_path
+):
     """Two SLURM tasks train one model (DDP over gloo, rendezvous from SLURM's variables).
     SIGUSR2 reaches both (what SLURM sends `signal_delay_s` before the time limit; here
     `scancel --signal=USR2`): they checkpoint at the same step, submitit's handler requeues the
     job (`scontrol requeue`), and the requeued job continues with no step lost or repeated."""
     sweep_dir = tmp_path / "sweep"
-    launcher = sweep(sweep_dir, f"data.dir={pydoc_dir}", "train.max_steps=60", "train.batch_size=4",
-                     "hydra.launcher.tasks_per_node=2")  # fmt: skip
+    launcher = sweep(
+        sweep_dir,
+        f"data.dir={pydoc_dir}",
+        "train.max_steps=60",
+        "train.batch_size=4",
+        "hydra.launcher.tasks_per_node=2",
+    )
     (cell,) = wait_for(lambda: cells(sweep_dir), "the submission")
     run_dir = Path(cell["run_dir"])
     wait_for(lambda: len(logged_steps(run_dir)) >= 3, "the cell to train")
@@ -181,14 +223,22 @@ def test_a_two_task_ddp_cell_checkpoints_on_usr2_is_requeued_by_submitit_and_fin
 
 
 @pytest.mark.slow  # several 2-minute time limits
-def test_a_cell_past_its_time_limit_is_requeued_from_its_checkpoints_until_it_finishes(slurm_cluster, pydoc_dir, tmp_path):
+def test_a_cell_past_its_time_limit_is_requeued_from_its_checkpoints_until_it_finishes(
+    slurm_cluster, pydoc_dir, tmp_path
+):
     """A 3-minute limit with SIGUSR2 60 s before it: each run of the job trains until the signal,
     checkpoints, and submitit requeues it as timed out. SLURM sends the signal up to 60 s
     early: a signal that lands while Python starts, before submitit's handler, kills the job
     (a failed cell, "User defined signal 2"), hence the margin."""
     sweep_dir = tmp_path / "sweep"
-    launcher = sweep(sweep_dir, f"data.dir={pydoc_dir}", "train.max_steps=1500", "hydra.launcher.timeout_min=3",
-                     "hydra.launcher.signal_delay_s=60", "hydra.launcher.max_num_timeout=8")  # fmt: skip
+    launcher = sweep(
+        sweep_dir,
+        f"data.dir={pydoc_dir}",
+        "train.max_steps=1500",
+        "hydra.launcher.timeout_min=3",
+        "hydra.launcher.signal_delay_s=60",
+        "hydra.launcher.max_num_timeout=8",
+    )
     _, stderr = launcher.communicate(timeout=1500)
     assert launcher.returncode == 0, stderr[-3000:]
     (cell,) = cells(sweep_dir)
@@ -199,8 +249,11 @@ def test_a_cell_past_its_time_limit_is_requeued_from_its_checkpoints_until_it_fi
 
 
 def snapshot(folder: Path) -> dict[str, tuple[str, int]]:
-    return {str(p.relative_to(folder)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
-            for p in sorted(folder.rglob("*")) if p.is_file()}  # fmt: skip
+    return {
+        str(p.relative_to(folder)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_a_late_requeue_of_a_finished_cell_changes_no_file(slurm_cluster, pydoc_dir, tmp_path):
@@ -239,8 +292,13 @@ def test_submit_and_return_then_status_follows_the_cells(slurm_cluster, pydoc_di
     assert not list(sweep_dir.glob("*/summary.json"))  # returned before any cell finished
 
     def status() -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, str(ROOT / "scripts" / "sweep_status.py"), str(sweep_dir)], env=ENV,
-                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "sweep_status.py"), str(sweep_dir)],
+            env=ENV,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     first = status()
     assert first.returncode == 3, first.stderr  # some cells pending or running
@@ -258,7 +316,18 @@ def test_submit_and_return_then_status_follows_the_cells(slurm_cluster, pydoc_di
     assert record["slurm_state"].startswith("CANCELLED") and record["config"]["train"]["max_steps"] == 2000
     assert "1 done, 1 failed, 0 running, 0 pending of 2 cells" in final.stdout
 
-    tables = subprocess.run([sys.executable, str(ROOT / "scripts" / "sweep_status.py"), str(sweep_dir), "--tables",
-                             str(tmp_path / "tables")], env=ENV, capture_output=True, text=True, timeout=300)  # fmt: skip
+    tables = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "sweep_status.py"),
+            str(sweep_dir),
+            "--tables",
+            str(tmp_path / "tables"),
+        ],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert tables.returncode == 1, tables.stderr[-2000:]
     assert list((tmp_path / "tables").iterdir()), tables.stdout

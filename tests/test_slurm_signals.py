@@ -15,8 +15,8 @@ import time
 
 import pytest
 import torch
-
 from conftest import ROOT, _subprocess_env, compose_cfg, final_params, logged_steps, read_records, tiny_overrides
+
 from horst_sparse.gpt2.run import run
 from horst_sparse.training.preemption import PREEMPTED_EXIT_CODE
 
@@ -24,8 +24,9 @@ pytestmark = pytest.mark.usefixtures("quiet_single_threaded")
 
 
 def test_sigint_and_sigterm_checkpoint_and_the_same_command_continues_then_changes_nothing(pydoc_dir, tmp_path):
-    overrides = tiny_overrides(pydoc_dir, "train.max_steps=30", "train.eval_interval=0", "train.checkpoint_interval=0",
-                               "train.log_interval=1")  # fmt: skip
+    overrides = tiny_overrides(
+        pydoc_dir, "train.max_steps=30", "train.eval_interval=0", "train.checkpoint_interval=0", "train.log_interval=1"
+    )
     reference = tmp_path / "reference"
     run(compose_cfg(overrides), run_dir=reference)
 
@@ -33,8 +34,9 @@ def test_sigint_and_sigterm_checkpoint_and_the_same_command_continues_then_chang
     command = [sys.executable, str(ROOT / "train_gpt2.py"), *overrides, f"hydra.run.dir={run_dir}"]
     stopped_at = 0
     for signum in (signal.SIGINT, signal.SIGTERM):
-        child = subprocess.Popen(command, env=_subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                 text=True)  # fmt: skip
+        child = subprocess.Popen(
+            command, env=_subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
         deadline = time.time() + 300  # start-up alone took over 120 s on 2 shared cores at load 20
         while len(logged_steps(run_dir)) < stopped_at + 3 and child.poll() is None and time.time() < deadline:
             time.sleep(0.02)
@@ -58,8 +60,11 @@ def test_sigint_and_sigterm_checkpoint_and_the_same_command_continues_then_chang
     for name in expected:
         assert torch.equal(expected[name], actual[name]), name
 
-    files = lambda: {p: (hashlib.sha256(p.read_bytes()).digest(), p.stat().st_mtime_ns)  # noqa: E731
-                     for p in sorted(run_dir.rglob("*")) if p.is_file() and ".hydra" not in p.parts}  # fmt: skip
+    files = lambda: {
+        p: (hashlib.sha256(p.read_bytes()).digest(), p.stat().st_mtime_ns)  # noqa: E731
+        for p in sorted(run_dir.rglob("*"))
+        if p.is_file() and ".hydra" not in p.parts
+    }
     before = files()
     again = subprocess.run(command, env=_subprocess_env(), capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stderr[-2000:]
@@ -77,7 +82,9 @@ def test_usr2_hands_over_to_the_requeue_handler_unless_sigterm_came_with_it(sign
     from horst_sparse.training.preemption import PreemptionGuard
 
     calls = []
-    previous = {s: signal.signal(s, lambda signum, frame: calls.append(signum)) for s in (signal.SIGUSR2, signal.SIGTERM)}
+    previous = {
+        s: signal.signal(s, lambda signum, frame: calls.append(signum)) for s in (signal.SIGUSR2, signal.SIGTERM)
+    }
     try:
         guard = PreemptionGuard()
         for signum in signals:

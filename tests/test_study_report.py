@@ -13,25 +13,46 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import ROOT
 
 from horst_sparse.analysis import claims, report, runs, tables
 from horst_sparse.analysis.stats import detectable_effect, holm, paired_interval
-from conftest import ROOT
 
 RULES = claims.load_rules()
 
 
-def record(values: dict[tuple[str, str, float], list[float]], *, pipeline: str = "vit", split: str = "test") -> pd.DataFrame:
+def record(
+    values: dict[tuple[str, str, float], list[float]], *, pipeline: str = "vit", split: str = "test"
+) -> pd.DataFrame:
     """A study's tidy frame: {(arm, metric, sparsity): per-seed values} (GPT-2's 0 % is the dense model)."""
     rows = []
     for (arm, metric, sparsity), per_seed in values.items():
-        method, pattern = ("acdc", "unstructured") if pipeline == "vit" else (
-            ("none", "dense") if sparsity == 0 else ("magnitude", "unstructured"))  # fmt: skip
+        method, pattern = (
+            ("acdc", "unstructured")
+            if pipeline == "vit"
+            else (("none", "dense") if sparsity == 0 else ("magnitude", "unstructured"))
+        )
         for seed, value in enumerate(per_seed):
-            rows.append({"run": f"{pipeline}/{arm}/s{sparsity}/seed{seed}", "pipeline": pipeline, "data": "d", "model": "m",
-                         "arm": arm, "optimizer": arm.split("_")[0], "seed": seed, "eval_split": split,
-                         "git_commit": "c" * 40, "signature": arm, "metric": metric, "method": method,
-                         "pattern": pattern, "sparsity": sparsity, "value": value, "wall_time_s": 1.0})  # fmt: skip
+            rows.append(
+                {
+                    "run": f"{pipeline}/{arm}/s{sparsity}/seed{seed}",
+                    "pipeline": pipeline,
+                    "data": "d",
+                    "model": "m",
+                    "arm": arm,
+                    "optimizer": arm.split("_")[0],
+                    "seed": seed,
+                    "eval_split": split,
+                    "git_commit": "c" * 40,
+                    "signature": arm,
+                    "metric": metric,
+                    "method": method,
+                    "pattern": pattern,
+                    "sparsity": sparsity,
+                    "value": value,
+                    "wall_time_s": 1.0,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -71,10 +92,12 @@ def test_detectable_effect_is_detected_80_percent_of_the_time():
 
 @pytest.mark.parametrize(
     ("gains", "verdict"),
-    [({0.7: 0.5, 0.8: 1.5, 0.9: 2.0}, claims.REPRODUCED),
-     ({0.7: 0.5, 0.8: 0.5, 0.9: -2.0}, claims.NOT_REPRODUCED),
-     ({0.7: 1.0, 0.8: 1.0, 0.9: 1.0}, claims.INCONCLUSIVE)],  # the gain does not grow: undecided
-)  # fmt: skip
+    [
+        ({0.7: 0.5, 0.8: 1.5, 0.9: 2.0}, claims.REPRODUCED),
+        ({0.7: 0.5, 0.8: 0.5, 0.9: -2.0}, claims.NOT_REPRODUCED),
+        ({0.7: 1.0, 0.8: 1.0, 0.9: 1.0}, claims.INCONCLUSIVE),
+    ],  # the gain does not grow: undecided
+)
 def test_claim_1_follows_the_numbers(gains, verdict):
     judgement = claims.judge(vit_claim(gains), RULES)
     verdicts = claims.verdicts(judgement, RULES).set_index("claim")["verdict"]
@@ -87,8 +110,14 @@ def test_holm_can_turn_a_nominal_win_into_undecided():
     with p ~ 0.02 alone is no support once Holm multiplies it by three."""
     base = np.array([90.0, 91.0, 89.5, 90.5, 90.2])
     at_90, at_70 = np.array([0.2, 0.5, 0.8, 1.1, 0.4]), np.array([0.1, -0.2, 0.3, 0.0, 0.2])
-    frame = record({("adamw", "top1", 0.9): list(base), ("horst", "top1", 0.9): list(base + at_90),
-                    ("adamw", "top1", 0.7): list(base), ("horst", "top1", 0.7): list(base + at_70)})  # fmt: skip
+    frame = record(
+        {
+            ("adamw", "top1", 0.9): list(base),
+            ("horst", "top1", 0.9): list(base + at_90),
+            ("adamw", "top1", 0.7): list(base),
+            ("horst", "top1", 0.7): list(base + at_70),
+        }
+    )
     judgement = claims.judge(frame, RULES).set_index("endpoint")
     row = judgement.loc["horst − adamw at 90 %"]
     assert row.p < 0.05 < row.p_holm and row.p_holm == pytest.approx(3 * row.p)
@@ -121,8 +150,12 @@ def _verdicts_in(out: Path) -> dict[str, dict[str, str]]:
 
 
 def test_every_output_of_one_report_agrees_on_each_claim(tmp_path):
-    frame = pd.concat([vit_claim({0.7: 0.5, 0.8: 1.5, 0.9: 2.0}),
-                       record({("adamw", "ppl", 0.9): [80, 82, 79], ("horst", "ppl", 0.9): [60, 59, 62]}, pipeline="gpt2")])  # fmt: skip
+    frame = pd.concat(
+        [
+            vit_claim({0.7: 0.5, 0.8: 1.5, 0.9: 2.0}),
+            record({("adamw", "ppl", 0.9): [80, 82, 79], ("horst", "ppl", 0.9): [60, 59, 62]}, pipeline="gpt2"),
+        ]
+    )
     report.write_report(frame, tmp_path)
     found = _verdicts_in(tmp_path)
     assert found["claims.md"] == found["claims.csv"] == found["headline.md"]
@@ -148,8 +181,13 @@ def assert_same_table(written: Path, committed: Path) -> None:
     assert list(new.columns) == list(old.columns) and len(new) == len(old), committed.name
     for column in new.columns:
         if pd.api.types.is_float_dtype(new[column]) and pd.api.types.is_float_dtype(old[column]):
-            np.testing.assert_allclose(new[column], old[column], rtol=10.0 ** (1 - tables.SIGNIFICANT_DIGITS),
-                                       equal_nan=True, err_msg=f"{committed.name}: {column}")  # fmt: skip
+            np.testing.assert_allclose(
+                new[column],
+                old[column],
+                rtol=10.0 ** (1 - tables.SIGNIFICANT_DIGITS),
+                equal_nan=True,
+                err_msg=f"{committed.name}: {column}",
+            )
         else:
             assert new[column].tolist() == old[column].tolist(), f"{committed.name}: {column}"
 
@@ -172,9 +210,12 @@ def test_committed_outputs_agree_and_regenerate_from_the_record(tmp_path, folder
     if (committed / report.WEIGHT_HISTOGRAMS).is_file():
         shutil.copy(committed / report.WEIGHT_HISTOGRAMS, tmp_path)
     report.write_report(frame, tmp_path, split=split, source=f"{folder}/runs.csv")
+
     def written(folder: Path) -> set[str]:  # the report's text files, its tables' CSV and LaTeX included
         tables = {p.name for suffix in ("*.tex", "*.csv") for p in folder.glob(suffix) if p.name != "runs.csv"}
-        return tables | {n for n in report.OUTPUTS if (folder / n).exists() and not n.endswith(".png") and n != "README.md"}
+        return tables | {
+            n for n in report.OUTPUTS if (folder / n).exists() and not n.endswith(".png") and n != "README.md"
+        }
 
     texts = written(tmp_path)
     assert texts == written(committed)
@@ -197,14 +238,31 @@ def test_the_readme_headline_block_is_the_generated_one():
 def test_study_report_on_the_command_line(tmp_path):
     record_file = tmp_path / "runs.csv"
     runs.write_record(vit_claim({0.7: 0.5, 0.8: 1.5, 0.9: 2.0}), record_file)
-    done = subprocess.run([sys.executable, "scripts/study_report.py", str(record_file), "--out", str(tmp_path / "out")],
-                          cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "scripts/study_report.py", str(record_file), "--out", str(tmp_path / "out")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     assert "1. **reproduced**" in done.stdout
-    wrong = subprocess.run([sys.executable, "scripts/study_report.py", str(record_file), "--out", str(tmp_path / "x"),
-                            "--split", "validation"], cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    wrong = subprocess.run(
+        [
+            sys.executable,
+            "scripts/study_report.py",
+            str(record_file),
+            "--out",
+            str(tmp_path / "x"),
+            "--split",
+            "validation",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert wrong.returncode == 1 and wrong.stderr.strip() == (
-        "error: no run measured on the validation split (the runs have eval_split test); pass --split to report those")
+        "error: no run measured on the validation split (the runs have eval_split test); pass --split to report those"
+    )
 
 
 @pytest.mark.slow  # ~2 min: a tiny ViT and a tiny GPT-2 run of the real pipelines
@@ -213,7 +271,6 @@ def test_real_run_folders_through_the_whole_report(tmp_path, monkeypatch, compos
     both pipelines in the frame (Wanda and 2:4 beside magnitude, claim 3's weight numbers), the
     record round trip, and all three figures."""
     import torch
-
     from omegaconf import OmegaConf
 
     from horst_sparse.gpt2.data import prepare_pydoc
@@ -224,16 +281,45 @@ def test_real_run_folders_through_the_whole_report(tmp_path, monkeypatch, compos
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        vit = compose("vit", ["+arm=adamw", "device=cpu", "eval_split=test", "train.epochs=5", "train.warmup_epochs=1",
-                                    "train.batch_size=256", "acdc.dense_warmup=1", "acdc.compressed=1", "acdc.decompressed=1",
-                                    "acdc.final_decompressed=1", "acdc.final_compressed=2"])  # fmt: skip
+        vit = compose(
+            "vit",
+            [
+                "+arm=adamw",
+                "device=cpu",
+                "eval_split=test",
+                "train.epochs=5",
+                "train.warmup_epochs=1",
+                "train.batch_size=256",
+                "acdc.dense_warmup=1",
+                "acdc.compressed=1",
+                "acdc.decompressed=1",
+                "acdc.final_decompressed=1",
+                "acdc.final_compressed=2",
+            ],
+        )
         run_vit(OmegaConf.create(vit), run_dir=tmp_path / "runs" / "vit")
         prepare_pydoc(tmp_path / "pydoc")
-        gpt2 = compose("gpt2", [
-            "+arm=horst", "model=gpt2_nano", f"data.dir={tmp_path / 'pydoc'}", "device=cpu", "eval_split=test",
-            "train.max_steps=4", "train.warmup_steps=1", "train.batch_size=2", "train.micro_batch_size=2",
-            "train.eval_interval=4", "train.eval_windows=4", "eval.max_windows=8", "prune.sparsities=[0.0,0.5,0.9]",
-            "prune.methods=[magnitude,wanda]", 'prune.patterns=[unstructured,"2:4"]', "prune.calibration_windows=4"])  # fmt: skip
+        gpt2 = compose(
+            "gpt2",
+            [
+                "+arm=horst",
+                "model=gpt2_nano",
+                f"data.dir={tmp_path / 'pydoc'}",
+                "device=cpu",
+                "eval_split=test",
+                "train.max_steps=4",
+                "train.warmup_steps=1",
+                "train.batch_size=2",
+                "train.micro_batch_size=2",
+                "train.eval_interval=4",
+                "train.eval_windows=4",
+                "eval.max_windows=8",
+                "prune.sparsities=[0.0,0.5,0.9]",
+                "prune.methods=[magnitude,wanda]",
+                'prune.patterns=[unstructured,"2:4"]',
+                "prune.calibration_windows=4",
+            ],
+        )
         run_gpt2(OmegaConf.create(gpt2), run_dir=tmp_path / "runs" / "gpt2")
     finally:
         torch.set_num_threads(threads)
@@ -241,8 +327,13 @@ def test_real_run_folders_through_the_whole_report(tmp_path, monkeypatch, compos
     frame = found.frame
     assert set(frame.eval_split) == {"test"} and set(frame.arm) == {"adamw", "horst"}
     methods = set(map(tuple, frame[frame.pipeline == "gpt2"][["method", "pattern"]].drop_duplicates().to_numpy()))
-    assert methods == {("none", "dense"), ("magnitude", "unstructured"), ("wanda", "unstructured"), ("magnitude", "2:4"),
-                       ("wanda", "2:4")}  # fmt: skip
+    assert methods == {
+        ("none", "dense"),
+        ("magnitude", "unstructured"),
+        ("wanda", "unstructured"),
+        ("magnitude", "2:4"),
+        ("wanda", "2:4"),
+    }
     assert {"weights_median_log10", "weights_below_1e-3"} <= set(frame.metric)
     report.write_report(frame, tmp_path / "out", folders=found.folders)
     table = (tmp_path / "out" / "tables.md").read_text()

@@ -4,17 +4,16 @@ score, failed runs ranked worst, other settings in other grids."""
 from __future__ import annotations
 
 import copy
-import json
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from conftest import ROOT
 
-from horst_sparse.training.runner import record_failed_cell
 from horst_sparse.analysis import sweep
 from horst_sparse.analysis.runs import NoRunsError, read_runs
-from conftest import ROOT
+from horst_sparse.training.runner import record_failed_cell
 
 
 def _horst(config: dict, alpha: float, beta: float, seed: int, **train) -> dict:
@@ -31,8 +30,12 @@ def test_vit_grid_mean_over_seeds_and_pick(tmp_path, job_configs, write_run):
     for (alpha, beta), values in top1.items():
         for seed, value in enumerate(values):
             write_run(tmp_path / f"a{alpha}_b{beta}_s{seed}", _horst(horst, alpha, beta, seed), value)
-    done = subprocess.run([sys.executable, "scripts/sweep_table.py", str(tmp_path), "--out", str(tmp_path / "out")],
-                          cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "scripts/sweep_table.py", str(tmp_path), "--out", str(tmp_path / "out")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     text = (tmp_path / "out" / "sweep.md").read_text()
     assert "| 1 | 91.00 ± 1.41 [2] | **96.00 ± 0.00 [2]** |" in text  # a tie at 96 goes to the smaller alpha
@@ -60,7 +63,9 @@ def test_a_failed_run_makes_its_cell_worst_and_other_settings_are_other_grids(tm
     write_run(tmp_path / "other", _horst(horst, 3.0, 0.3, 0, epochs=7), 0.95)
     failed = tmp_path / "failed"
     failed.mkdir()
-    record_failed_cell(failed, pipeline="vit", reason="loss is nan", exit_code=4, step=3, config=_horst(horst, 100.0, 0.3, 0))
+    record_failed_cell(
+        failed, pipeline="vit", reason="loss is nan", exit_code=4, step=3, config=_horst(horst, 100.0, 0.3, 0)
+    )
     cells = sweep.cells(sweep.scores(read_runs([tmp_path]).frame))
     assert cells.grid.nunique() == 2
     grid = cells[cells.alpha.isin([3.0, 100.0]) & (cells.n == 1)].groupby("grid").filter(lambda g: len(g) == 2)

@@ -4,18 +4,14 @@ says; order "sm" (the paper's S∘M) loses HORST's L1 bias."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from scipy.optimize import linprog
 
-import torch
-
 import horst
-
 from scripts import toy_implicit_bias as toy
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "toy_implicit_bias.py"
@@ -40,17 +36,26 @@ def rel(a, b):
 
 def ham_over_gd(init: float):
     return toy.Method(
-        "HAM over GD", "HAM-GD", lambda p: horst.HORSTSGD(p, lr=0.02, alpha=HAM_ALPHA, beta=0.0),
-        toy.linear_warmup(5e-4, 0.02, 1000), 20000, init=init, hyperbolic=True, stop_at_interpolation=True,
-    )  # fmt: skip
+        "HAM over GD",
+        "HAM-GD",
+        lambda p: horst.HORSTSGD(p, lr=0.02, alpha=HAM_ALPHA, beta=0.0),
+        toy.linear_warmup(5e-4, 0.02, 1000),
+        20000,
+        init=init,
+        hyperbolic=True,
+        stop_at_interpolation=True,
+    )
 
 
 def horst_run(problem, *, alpha: float, beta: float, order: str, lr: float = HORST_LR, steps: int = HORST_STEPS):
     method = toy.Method(
-        "HORST", "HORST",
+        "HORST",
+        "HORST",
         lambda p: horst.HORST(p, lr=lr, alpha=alpha, beta=beta, order=order, weight_decay=0.0, fused=False),
-        toy.cosine(lr, steps), steps, hyperbolic=True,
-    )  # fmt: skip
+        toy.cosine(lr, steps),
+        steps,
+        hyperbolic=True,
+    )
     return toy.train(problem, method)
 
 
@@ -64,10 +69,13 @@ def test_min_l1_reference_matches_a_second_lp(problem):
     eye = np.eye(d)
     result = linprog(
         np.r_[np.zeros(d), np.ones(d)],
-        A_ub=np.block([[eye, -eye], [-eye, -eye]]), b_ub=np.zeros(2 * d),
-        A_eq=np.hstack([problem.X, np.zeros((n, d))]), b_eq=problem.y,
-        bounds=[(None, None)] * d + [(0, None)] * d, method="highs",
-    )  # fmt: skip
+        A_ub=np.block([[eye, -eye], [-eye, -eye]]),
+        b_ub=np.zeros(2 * d),
+        A_eq=np.hstack([problem.X, np.zeros((n, d))]),
+        b_eq=problem.y,
+        bounds=[(None, None)] * d + [(0, None)] * d,
+        method="highs",
+    )
     assert result.success
     assert np.abs(theta).sum() == pytest.approx(result.fun, rel=1e-9)
     assert np.linalg.norm(problem.X @ theta - problem.y) < 1e-10
@@ -94,7 +102,7 @@ def test_r_alpha_reference_has_the_smallest_r_alpha_among_interpolants(problem):
     best = toy.hyperbolic_entropy(theta, alpha)
     others = [toy.min_l2_interpolant(problem.X, problem.y), toy.min_l1_interpolant(problem.X, problem.y)]
     _, _, vt = np.linalg.svd(problem.X)
-    null_space = vt[problem.X.shape[0]:].T
+    null_space = vt[problem.X.shape[0] :].T
     rng = np.random.default_rng(1)
     others += [theta + null_space @ rng.standard_normal(null_space.shape[1]) * s for s in (1e-3, 1e-1)]
     for other in others:
@@ -116,8 +124,9 @@ def test_r_alpha_reference_goes_from_min_l2_to_min_l1(problem):
 
 def test_gd_lands_on_min_l2(problem):
     lr = 1.0 / np.linalg.norm(problem.X, 2) ** 2
-    method = toy.Method("GD", "GD", lambda p: torch.optim.SGD(p, lr=lr), lambda _: lr, 20000,
-                        stop_at_interpolation=True)  # fmt: skip
+    method = toy.Method(
+        "GD", "GD", lambda p: torch.optim.SGD(p, lr=lr), lambda _: lr, 20000, stop_at_interpolation=True
+    )
     run = toy.train(problem, method)
     assert run.steps < 20000
     assert rel(run.theta, toy.min_l2_interpolant(problem.X, problem.y)) < 1e-6
@@ -174,10 +183,12 @@ def test_order_sm_loses_the_l1_bias(problem):
     AdamW with beta's decay, the same explicit shrinkage as both orders."""
     adamw = np.abs(horst_run(problem, alpha=0.0, beta=1.0, order="ms", lr=ORDER_LR, steps=ORDER_STEPS).theta).sum()
     l1 = {
-        order: [np.abs(horst_run(problem, alpha=a, beta=1.0, order=order, lr=ORDER_LR, steps=ORDER_STEPS).theta).sum()
-                for a in (100.0, 300.0)]
+        order: [
+            np.abs(horst_run(problem, alpha=a, beta=1.0, order=order, lr=ORDER_LR, steps=ORDER_STEPS).theta).sum()
+            for a in (100.0, 300.0)
+        ]
         for order in ("ms", "sm")
-    }  # fmt: skip
+    }
     assert all(abs(value / adamw - 1) < 0.15 for value in l1["sm"]), (adamw, l1)
     assert min(l1["ms"]) < 0.6 * adamw, (adamw, l1)
 

@@ -8,10 +8,11 @@ import shutil
 
 import pandas as pd
 import yaml
-
 from conftest import CONFIGS
+from toy_pipeline import CONFIGS as TOY_CONFIGS
+from toy_pipeline import PIPELINE
+
 from horst_sparse import pipeline as registry
-from toy_pipeline import CONFIGS as TOY_CONFIGS, PIPELINE
 
 
 def test_a_toy_pipeline_is_planned_tuned_run_and_tabulated(tmp_path, monkeypatch):
@@ -31,17 +32,43 @@ def test_a_toy_pipeline_is_planned_tuned_run_and_tabulated(tmp_path, monkeypatch
 
     # plan: 2 optimizers x 2 seeds, each cell composed and checked as its job would start
     costs = tmp_path / "costs.yaml"
-    costs.write_text(yaml.safe_dump({"embedded": {"train_toy": {"gpu_hours": 0, "gpu": "CPU", "cpu_minutes": 0.02,
-                                                                 "train.max_steps": 40, "train.batch_size": 32}}}))  # fmt: skip
-    pipeline, _, cells = plan("train_toy.py", ["optimizer=adamw,horst", "seed=0,1", *fast], costs=costs, config_dir=configs)
+    costs.write_text(
+        yaml.safe_dump(
+            {
+                "embedded": {
+                    "train_toy": {
+                        "gpu_hours": 0,
+                        "gpu": "CPU",
+                        "cpu_minutes": 0.02,
+                        "train.max_steps": 40,
+                        "train.batch_size": 32,
+                    }
+                }
+            }
+        )
+    )
+    pipeline, _, cells = plan(
+        "train_toy.py", ["optimizer=adamw,horst", "seed=0,1", *fast], costs=costs, config_dir=configs
+    )
     assert pipeline is PIPELINE and len(cells) == 4
-    assert {(c.config.optimizer.name, c.config.seed) for c in cells} == {(o, s) for o in ("adamw", "horst") for s in (0, 1)}
+    assert {(c.config.optimizer.name, c.config.seed) for c in cells} == {
+        (o, s) for o in ("adamw", "horst") for s in (0, 1)
+    }
     assert all(c.gpu == "CPU" and c.cpu_minutes == 0.02 for c in cells)
     assert check(PIPELINE, cells) == []
 
     # tune: AdamW, 2 quasi-random trials on the validation split; the pick lands in the toy's tuned file
-    values = tune("toy", "adamw", trials=2, overrides=fast, commit="0" * 40, command="test", config_dir=configs,
-                  results_dir=tmp_path / "results", sweep_dir=tmp_path / "sweep")  # fmt: skip
+    values = tune(
+        "toy",
+        "adamw",
+        trials=2,
+        overrides=fast,
+        commit="0" * 40,
+        command="test",
+        config_dir=configs,
+        results_dir=tmp_path / "results",
+        sweep_dir=tmp_path / "sweep",
+    )
     written = yaml.safe_load((configs / "tuned" / "toy" / "blobs" / "adamw.yaml").read_text())
     assert written["provenance"]["trials"] == 2 and written["lr"] == values["lr"]
     assert set(written["provenance"]["space"]) == {"train.lr", "optimizer.weight_decay"}
@@ -52,7 +79,9 @@ def test_a_toy_pipeline_is_planned_tuned_run_and_tabulated(tmp_path, monkeypatch
     runs = tmp_path / "runs"
     for optimizer in ("adamw", "horst"):
         for seed in (0, 1):
-            cfg = compose(PIPELINE, [f"optimizer={optimizer}", f"seed={seed}", "eval_split=test", *fast], config_dir=configs)
+            cfg = compose(
+                PIPELINE, [f"optimizer={optimizer}", f"seed={seed}", "eval_split=test", *fast], config_dir=configs
+            )
             if optimizer == "adamw":
                 assert cfg.train.lr == values["lr"] and cfg.optimizer.weight_decay == values["weight_decay"]
             summary = PIPELINE.run(cfg, run_dir=runs / f"{optimizer}_seed{seed}")

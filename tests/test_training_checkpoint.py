@@ -45,18 +45,27 @@ def test_training_state_round_trip_restores_everything(tmp_path):
     generator = torch.Generator().manual_seed(7)
     masks = {"weight": torch.rand(2, 3) > 0.5}
     state = training_state(
-        model=model, optimizer=optimizer, scheduler=scheduler, step=1, config={"lr": 0.1},
-        generators={"data": generator}, masks=masks, epoch=0,
-    )  # fmt: skip
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        step=1,
+        config={"lr": 0.1},
+        generators={"data": generator},
+        masks=masks,
+        epoch=0,
+    )
     path = save_checkpoint(state, checkpoint_path(tmp_path, 1))
     expected = _draws(generator)
 
     fresh_model, fresh_optimizer, fresh_scheduler = _setup()
     fresh_generator = torch.Generator()
     rest = restore_training_state(
-        load_checkpoint(path), model=fresh_model, optimizer=fresh_optimizer, scheduler=fresh_scheduler,
+        load_checkpoint(path),
+        model=fresh_model,
+        optimizer=fresh_optimizer,
+        scheduler=fresh_scheduler,
         generators={"data": fresh_generator},
-    )  # fmt: skip
+    )
     assert _draws(fresh_generator) == expected  # python, numpy, torch and the named generator
     assert rest["step"] == 1 and rest["epoch"] == 0 and rest["config"] == {"lr": 0.1}
     assert torch.equal(rest["masks"]["weight"], masks["weight"])
@@ -131,7 +140,10 @@ def test_full_disk_is_one_line_with_the_space_needed_and_leaves_no_partial_file(
     else:
         folder = small_tmpfs
     save_checkpoint({"small": torch.zeros(4)}, folder / "ckpt_00000001.pt") if small_tmpfs else None
-    with pytest.raises(CheckpointError, match=rf"cannot write checkpoint ckpt_00000002.pt: no space left in {folder} \(about 4.0 MiB needed, .* MiB free\)") as error:
+    with pytest.raises(
+        CheckpointError,
+        match=rf"cannot write checkpoint ckpt_00000002.pt: no space left in {folder} \(about 4.0 MiB needed, .* MiB free\)",
+    ) as error:
         save_checkpoint(state, folder / "ckpt_00000002.pt")
     assert "\n" not in str(error.value)
     assert not list(folder.glob("*.tmp"))  # the partial file is gone ...
@@ -144,10 +156,14 @@ def test_read_only_folder_is_one_line(tmp_path):
 
     folder = tmp_path / "ro"
     folder.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(folder)], capture_output=True).returncode:
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(folder)], capture_output=True
+    ).returncode:
         pytest.skip("cannot mount a read-only filesystem here (and root ignores permission bits)")
     try:
-        with pytest.raises(CheckpointError, match=f"{folder} is not writable \\(Read-only file system\\); choose a writable run folder"):
+        with pytest.raises(
+            CheckpointError, match=f"{folder} is not writable \\(Read-only file system\\); choose a writable run folder"
+        ):
             save_checkpoint({"x": torch.zeros(2)}, folder / "ckpt_00000001.pt")
     finally:
         subprocess.run(["umount", "-l", str(folder)], check=True)
@@ -156,15 +172,25 @@ def test_read_only_folder_is_one_line(tmp_path):
 def test_dcp_folder_is_written_atomically_listed_and_pruned_like_a_file(tmp_path):
     """One process, no process group: DCP writes the folder alone."""
     for step in (2, 4, 6):
-        save_checkpoint({"model": {"w": torch.full((3,), float(step))}, "optimizer": {}, "step": step},
-                        checkpoint_path(tmp_path, step, sharded=True))  # fmt: skip
+        save_checkpoint(
+            {"model": {"w": torch.full((3,), float(step))}, "optimizer": {}, "step": step},
+            checkpoint_path(tmp_path, step, sharded=True),
+        )
     (tmp_path / "ckpt_00000008.dcp.tmp").mkdir()  # an interrupted write
     (tmp_path / "ckpt_00000001.pt.diverged").write_bytes(b"set aside")
-    assert [p.name for p in list_checkpoints(tmp_path)] == ["ckpt_00000002.dcp", "ckpt_00000004.dcp", "ckpt_00000006.dcp"]
+    assert [p.name for p in list_checkpoints(tmp_path)] == [
+        "ckpt_00000002.dcp",
+        "ckpt_00000004.dcp",
+        "ckpt_00000006.dcp",
+    ]
     assert resolve_resume("auto", tmp_path) == tmp_path / "ckpt_00000006.dcp"
     assert step_checkpoint(tmp_path, 4) == tmp_path / "ckpt_00000004.dcp" and step_checkpoint(tmp_path, 5) is None
     prune_old_checkpoints(tmp_path, keep=1)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt_00000001.pt.diverged", "ckpt_00000006.dcp", "ckpt_00000008.dcp.tmp"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "ckpt_00000001.pt.diverged",
+        "ckpt_00000006.dcp",
+        "ckpt_00000008.dcp.tmp",
+    ]
     state = load_checkpoint(tmp_path / "ckpt_00000006.dcp")
     assert state["step"] == 6 and torch.equal(state["model"]["w"], torch.full((3,), 6.0))
     assert "model" not in load_checkpoint(tmp_path / "ckpt_00000006.dcp", weights=False)
@@ -243,7 +269,15 @@ def test_fsdp2_checkpoint_of_two_processes_resumes_exactly_and_reads_whole_witho
     script = tmp_path / "resume.py"
     script.write_text(FSDP2_RESUME)
     root = Path(__file__).resolve().parents[1]
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), str(tmp_path)]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(script),
+        str(tmp_path),
+    ]
     env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

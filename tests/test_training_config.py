@@ -9,8 +9,8 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from horst_sparse.training.config import ConfigError
 from horst_sparse.gpt2.config import register_configs, validate
+from horst_sparse.training.config import ConfigError
 
 CONFIGS = str(Path(__file__).resolve().parents[1] / "configs")
 register_configs()
@@ -42,7 +42,10 @@ def test_paper_experiment():
         ("prune.sparsities=[0.5,1.0]", r"prune.sparsities has 1.0: every sparsity must be in \[0, 1\)"),
         ("optimizer.alpha=-1", r"optimizer=horst \(horst.HORST\): .*alpha"),
         ("+optimizer.alhpa=3", r"optimizer=horst \(horst.HORST\): .*alhpa"),
-        ("optimizer=adamw optimizer._target_=torch.optim.Adamw", "optimizer._target_=torch.optim.Adamw: Error locating target"),
+        (
+            "optimizer=adamw optimizer._target_=torch.optim.Adamw",
+            "optimizer._target_=torch.optim.Adamw: Error locating target",
+        ),
         ("model.arch=vit", "model=gpt2_tiny is not a GPT-2 preset"),
         ("optimizer.betas=[0.9,1.5]", r"optimizer=horst \(horst.HORST\): .*beta"),
         ("optimizer.order=xy", r"optimizer=horst \(horst.HORST\): .*order"),

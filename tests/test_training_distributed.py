@@ -9,7 +9,14 @@ import os
 import pytest
 
 from horst_sparse.training import distributed
-from horst_sparse.training.distributed import DistInfo, gradient_sync, init_distributed, is_sharded, parallelize, unsharded
+from horst_sparse.training.distributed import (
+    DistInfo,
+    gradient_sync,
+    init_distributed,
+    is_sharded,
+    parallelize,
+    unsharded,
+)
 
 LAUNCH_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SUBMITIT_EXECUTOR")
 

@@ -24,8 +24,15 @@ class Tiny(torch.nn.Module):
 
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "optimizer"
-CLASSES = {"adamw": torch.optim.AdamW, "ham": horst.HAM, "horst": horst.HORST, "horst_lion": horst.HORSTLion,
-           "horst_sgd": horst.HORSTSGD, "lion": timm.optim.Lion, "sgd": torch.optim.SGD}  # fmt: skip
+CLASSES = {
+    "adamw": torch.optim.AdamW,
+    "ham": horst.HAM,
+    "horst": horst.HORST,
+    "horst_lion": horst.HORSTLion,
+    "horst_sgd": horst.HORSTSGD,
+    "lion": timm.optim.Lion,
+    "sgd": torch.optim.SGD,
+}
 
 
 @pytest.fixture(scope="module")
@@ -78,10 +85,16 @@ def test_hyperbolic_params_all_2d_or_prunable(optimizer_config):
     all_2d = build_optimizer(optimizer_config("horst"), model, lr=1e-3, prunable_names=["block.weight"])
     assert _group_of(all_2d, model.embed.weight)["hyperbolic"] is True
     assert _group_of(all_2d, model.block.bias)["hyperbolic"] is False
-    prunable = build_optimizer(optimizer_config("horst", hyperbolic_params="prunable"), model, lr=1e-3, prunable_names=["block.weight"])
+    prunable = build_optimizer(
+        optimizer_config("horst", hyperbolic_params="prunable"), model, lr=1e-3, prunable_names=["block.weight"]
+    )
     assert _group_of(prunable, model.embed.weight)["hyperbolic"] is False
     assert _group_of(prunable, model.block.weight)["hyperbolic"] is True
-    assert _group_of(prunable, model.embed.weight)["weight_decay"] == _group_of(all_2d, model.embed.weight)["weight_decay"] > 0  # decay does not depend on it
+    assert (
+        _group_of(prunable, model.embed.weight)["weight_decay"]
+        == _group_of(all_2d, model.embed.weight)["weight_decay"]
+        > 0
+    )  # decay does not depend on it
 
 
 @pytest.mark.parametrize(
@@ -109,10 +122,17 @@ def test_a_name_that_is_not_the_class_is_refused_in_one_line(tmp_path, optimizer
     with pytest.raises(ConfigError, match=r"^optimizer.name=sgd but optimizer._target_=horst.HORST runs HORST"):
         build_optimizer(optimizer_config("horst", name="sgd"), Tiny(), lr=1e-3)
     root = Path(__file__).resolve().parents[1]
-    done = subprocess.run([sys.executable, "train_gpt2.py", "optimizer.name=sgd", f"hydra.run.dir={tmp_path / 'run'}"],
-                          cwd=root, capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "train_gpt2.py", "optimizer.name=sgd", f"hydra.run.dir={tmp_path / 'run'}"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode != 0
-    assert done.stderr.strip().splitlines()[-1].startswith("error: optimizer.name=sgd but optimizer._target_=horst.HORST")
+    assert (
+        done.stderr.strip().splitlines()[-1].startswith("error: optimizer.name=sgd but optimizer._target_=horst.HORST")
+    )
     assert not (tmp_path / "run" / "summary.json").exists()
 
 
@@ -132,8 +152,12 @@ def test_warmup_then_cosine_to_min_lr():
 def test_deit_exempts_what_timm_exempts_from_weight_decay():
     import timm
 
-    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=16, patch_size=8, depth=1, num_classes=3)
+    model = timm.create_model(
+        "vit_tiny_patch16_224", pretrained=False, img_size=16, patch_size=8, depth=1, num_classes=3
+    )
     groups = param_groups(model, weight_decay=0.05)
-    decayed = {n for n, p in model.named_parameters() for g in groups if g["weight_decay"] > 0 for q in g["params"] if q is p}
+    decayed = {
+        n for n, p in model.named_parameters() for g in groups if g["weight_decay"] > 0 for q in g["params"] if q is p
+    }
     assert {"pos_embed", "cls_token"} <= set(model.no_weight_decay())
     assert "pos_embed" not in decayed and "cls_token" not in decayed and "patch_embed.proj.weight" in decayed

@@ -88,7 +88,9 @@ def test_wandb_online_without_an_api_key_is_one_line_with_the_fix(tmp_path, monk
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.netrc, no wandb settings
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "home" / ".config" / "wandb"))
-    with pytest.raises(RunError, match=r"W&B could not start a online run \(.*API key.*\): run `wandb login` or set WANDB_API_KEY"):
+    with pytest.raises(
+        RunError, match=r"W&B could not start a online run \(.*API key.*\): run `wandb login` or set WANDB_API_KEY"
+    ):
         RunLogger(tmp_path / "run", {"lr": 0.1}, mode="online", project="horst-test")
 
 
@@ -112,6 +114,9 @@ def test_progress_in_a_log_file_is_plain_lines_with_the_postfix(capsys):
     progress_bar(total=5, disable=True).set_postfix(loss="1")  # another process's: silent
     bar.close()
     out, err = capsys.readouterr()
-    assert out.splitlines() == ["train: step 15/20 loss 3.210 lr 1.00e-03", "epoch 1 compressed: step 16/20 loss 3.000",
-                                "epoch done"]  # fmt: skip
+    assert out.splitlines() == [
+        "train: step 15/20 loss 3.210 lr 1.00e-03",
+        "epoch 1 compressed: step 16/20 loss 3.000",
+        "epoch done",
+    ]
     assert "\r" not in out + err

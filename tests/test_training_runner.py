@@ -17,12 +17,21 @@ from horst_sparse.training.schedule import build_lr_scheduler
 
 
 def tiny_run(tmp_path, **changes) -> Run:
-    cfg = OmegaConf.create({
-        "seed": 0, "device": "cpu", "precision": "fp32", "deterministic": False, "compile": False,
-        "cpu_threads": None, "resume": "auto", "resume_override": [], "train": {"lr": 0.1, "keep_checkpoints": 2},
-        "optimizer": {"weight_decay": 0.01},
-        "logging": {"project": "p", "mode": "disabled", "name": None, "group": None, "tags": []},
-    })  # fmt: skip
+    cfg = OmegaConf.create(
+        {
+            "seed": 0,
+            "device": "cpu",
+            "precision": "fp32",
+            "deterministic": False,
+            "compile": False,
+            "cpu_threads": None,
+            "resume": "auto",
+            "resume_override": [],
+            "train": {"lr": 0.1, "keep_checkpoints": 2},
+            "optimizer": {"weight_decay": 0.01},
+            "logging": {"project": "p", "mode": "disabled", "name": None, "group": None, "tags": []},
+        }
+    )
     cfg.merge_with(OmegaConf.from_dotlist([f"{k}={v}" for k, v in changes.items()]))
     return Run(cfg, tmp_path, validate=lambda cfg, world_size: None, pipeline="test", title="tiny")
 
@@ -47,11 +56,14 @@ def test_non_finite_loss_names_the_last_good_checkpoint(tmp_path, loss):
     assert error.value.step == 3 and error.value.exit_code == 4
     good = save_checkpoint({"step": 1}, checkpoint_path(tmp_path, 1))
     diverged = save_checkpoint({"step": 2}, checkpoint_path(tmp_path, 2))  # the weights that give the loss of step 3
-    with pytest.raises(NonFiniteLossError, match=(
-        f"at step 3; stopped before the next checkpoint. ckpt_00000002.pt holds the weights that gave it: kept as "
-        f"ckpt_00000002.pt.diverged. Last good checkpoint: {good}. Lower train.lr and continue from it: "
-        f".*hydra.run.dir={tmp_path} with the lower value and resume_override=\\[train.lr\\]"
-    )):  # fmt: skip
+    with pytest.raises(
+        NonFiniteLossError,
+        match=(
+            f"at step 3; stopped before the next checkpoint. ckpt_00000002.pt holds the weights that gave it: kept as "
+            f"ckpt_00000002.pt.diverged. Last good checkpoint: {good}. Lower train.lr and continue from it: "
+            f".*hydra.run.dir={tmp_path} with the lower value and resume_override=\\[train.lr\\]"
+        ),
+    ):
         run.check_finite(loss, step=3, hint="train.lr")
     assert not diverged.exists() and (tmp_path / "ckpt_00000002.pt.diverged").is_file()
 
@@ -93,8 +105,10 @@ def test_resume_override_puts_the_new_lr_and_hyperparameters_into_effect(tmp_pat
     run.save(step=4)
     run.log.close()
     release_run_folder(tmp_path)
-    changed = tiny_run(tmp_path, **{"train.lr": 0.05, "optimizer.weight_decay": 0.5,
-                                    "resume_override": "[train.lr,optimizer.weight_decay]"})  # fmt: skip
+    changed = tiny_run(
+        tmp_path,
+        **{"train.lr": 0.05, "optimizer.weight_decay": 0.5, "resume_override": "[train.lr,optimizer.weight_decay]"},
+    )
     model, state = tracked(changed)
     optimizer, scheduler = changed._tracked["optimizer"], changed._tracked["scheduler"]
     # The same point of the schedule as a run started with lr 0.05: warm-up done, cosine at 2 of 8.
@@ -120,13 +134,20 @@ def test_resume_override_of_what_shapes_the_run_is_refused(tmp_path):
 
 def test_a_run_folder_has_one_live_writer(tmp_path):
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; from horst_sparse.training.runner import lock_run_folder; "
-         f"lock_run_folder(Path({str(tmp_path)!r})); print('locked', flush=True); time.sleep(60)"],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from horst_sparse.training.runner import lock_run_folder; "
+            f"lock_run_folder(Path({str(tmp_path)!r})); print('locked', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
-        with pytest.raises(RunError, match=f"run folder {tmp_path} is in use by pid {holder.pid} on .*; wait for that run"):
+        with pytest.raises(
+            RunError, match=f"run folder {tmp_path} is in use by pid {holder.pid} on .*; wait for that run"
+        ):
             tiny_run(tmp_path)
     finally:
         holder.kill()

@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import yaml
+from conftest import ROOT
 from hydra import compose, initialize_config_dir
 
-from conftest import ROOT
 import horst_sparse.vit.data
 from horst_sparse.pipeline import get
 from horst_sparse.study import tuning
@@ -25,9 +24,17 @@ from horst_sparse.vit.config import register_configs
 from horst_sparse.vit.data import DigitsDataset
 
 register_configs()
-TINY = ("train.epochs=4", "acdc.dense_warmup=1", "acdc.compressed=1", "acdc.decompressed=1", "acdc.final_decompressed=1",
-        "acdc.final_compressed=1", "model.depth=1", "logging.mode=disabled",
-        "train.warmup_epochs=int(interval(0, 2))")  # fmt: skip  # (the last: a sweep, replacing the YAML's 0-4)
+TINY = (
+    "train.epochs=4",
+    "acdc.dense_warmup=1",
+    "acdc.compressed=1",
+    "acdc.decompressed=1",
+    "acdc.final_decompressed=1",
+    "acdc.final_compressed=1",
+    "model.depth=1",
+    "logging.mode=disabled",
+    "train.warmup_epochs=int(interval(0, 2))",
+)  # (the last: a sweep, replacing the YAML's 0-4)
 TRIALS = 3
 
 
@@ -36,8 +43,17 @@ def _tune(tmp: Path) -> tuple[dict, Path, Path]:
     values, the configs and the results folder."""
     configs, results = tmp / "configs", tmp / "results"
     shutil.copytree(ROOT / "configs", configs)
-    values = tuning.tune("vit", "adamw", trials=TRIALS, overrides=TINY, commit="c0ffee", command="pytest",
-                         config_dir=configs, results_dir=results, sweep_dir=tmp / "sweep")  # fmt: skip
+    values = tuning.tune(
+        "vit",
+        "adamw",
+        trials=TRIALS,
+        overrides=TINY,
+        commit="c0ffee",
+        command="pytest",
+        config_dir=configs,
+        results_dir=results,
+        sweep_dir=tmp / "sweep",
+    )
     return values, configs, results
 
 
@@ -69,7 +85,10 @@ def test_tuning_never_reads_the_test_split(tuned, tmp_path, monkeypatch):
     assert poisoned["provenance"]["scores"] == clean["provenance"]["scores"]
     assert poisoned["provenance"]["pick"] == clean["provenance"]["pick"]
     assert (poisoned["base_lr"], poisoned["weight_decay"], poisoned["warmup_epochs"]) == (
-        clean["base_lr"], clean["weight_decay"], clean["warmup_epochs"])  # fmt: skip
+        clean["base_lr"],
+        clean["weight_decay"],
+        clean["warmup_epochs"],
+    )
 
     from horst_sparse.vit.run import run
 
@@ -89,7 +108,11 @@ def test_the_written_pick_is_what_the_next_run_composes(tuned):
 
     provenance = cfg.tuned.adamw.provenance
     assert (provenance.trials, list(provenance.seeds), provenance.eval_split) == (TRIALS, [100], "validation")
-    assert provenance.commit == "c0ffee" and set(provenance.space) == {"train.base_lr", "optimizer.weight_decay", "train.warmup_epochs"}
+    assert provenance.commit == "c0ffee" and set(provenance.space) == {
+        "train.base_lr",
+        "optimizer.weight_decay",
+        "train.warmup_epochs",
+    }
     trials = pd.read_csv(results / "vit" / "digits" / "tuning.csv")
     assert list(trials["trial"]) == list(range(TRIALS)) and set(trials["seed"]) == {100}
     assert (trials["eval_split"] == "validation").all() and list(trials["score"]) == list(provenance.scores)
@@ -105,11 +128,23 @@ def _provenance(trials: int, seeds: list[int], split: str = "validation") -> dic
 @pytest.mark.parametrize(
     "arms,message",
     [
-        ({"adamw": _provenance(16, [100]), "horst": _provenance(8, [100])}, r"unequal tuning budgets \(trials: adamw 16, horst 8\)"),
-        ({"adamw": _provenance(16, [100]), "horst": _provenance(16, [3])}, r"arm horst was tuned on reporting seeds \[3\]"),
+        (
+            {"adamw": _provenance(16, [100]), "horst": _provenance(8, [100])},
+            r"unequal tuning budgets \(trials: adamw 16, horst 8\)",
+        ),
+        (
+            {"adamw": _provenance(16, [100]), "horst": _provenance(16, [3])},
+            r"arm horst was tuned on reporting seeds \[3\]",
+        ),
         ({"adamw": _provenance(16, [100]), "horst": _provenance(16, [101])}, "arms tuned on different seeds"),
-        ({"adamw": _provenance(16, [100]), "horst": _provenance(16, [100], "test")}, "arm horst was tuned on eval_split=test"),
-        ({"adamw": _provenance(16, [100]), "horst": {"provenance": None}}, "arm horst was not tuned by scripts/tune.py"),
+        (
+            {"adamw": _provenance(16, [100]), "horst": _provenance(16, [100], "test")},
+            "arm horst was tuned on eval_split=test",
+        ),
+        (
+            {"adamw": _provenance(16, [100]), "horst": {"provenance": None}},
+            "arm horst was not tuned by scripts/tune.py",
+        ),
     ],
 )
 def test_unequal_budgets_are_refused(arms, message):
@@ -135,7 +170,11 @@ def _sobol_points(scores) -> list[dict]:
     study = optuna.create_study(sampler=tuning.SobolSampler(seed=0))
     for score in scores:
         trial = study.ask()
-        trial.suggest_float("lr", 1e-4, 1e-2, log=True), trial.suggest_int("warmup", 0, 7), trial.suggest_float("beta", 0, 1)
+        (
+            trial.suggest_float("lr", 1e-4, 1e-2, log=True),
+            trial.suggest_int("warmup", 0, 7),
+            trial.suggest_float("beta", 0, 1),
+        )
         study.tell(trial, score)
     return [t.params for t in study.trials]
 
@@ -152,8 +191,14 @@ def test_the_sobol_sampler_stratifies_every_coordinate_whatever_the_scores():
 
 
 def _gpt2_summary(*ppls, split="validation") -> dict:
-    rows = [{"method": "magnitude", "pattern": "unstructured", "sparsity": s, "ppl": p} for s, p in zip((0.0, 0.5, 0.9), ppls)]
-    return {"eval_split": split, "pruning": {"results": [*rows, {"method": "wanda", "pattern": "unstructured", "sparsity": 0.5, "ppl": 1.0}]}}
+    rows = [
+        {"method": "magnitude", "pattern": "unstructured", "sparsity": s, "ppl": p}
+        for s, p in zip((0.0, 0.5, 0.9), ppls)
+    ]
+    return {
+        "eval_split": split,
+        "pruning": {"results": [*rows, {"method": "wanda", "pattern": "unstructured", "sparsity": 0.5, "ppl": 1.0}]},
+    }
 
 
 def test_the_score_is_the_validation_metric_and_a_failure_scores_worst():
@@ -179,8 +224,11 @@ def test_every_search_space_reaches_its_arm(name):
     planned = tuning.plan(pipeline, optimizer, trials=4)
     leaves = {key.rsplit(".", 1)[1] for key in planned.space}
     lr = "base_lr" if pipeline == "vit" else "lr"
-    assert leaves == ({lr, "weight_decay", f"warmup_{'epochs' if pipeline == 'vit' else 'steps'}"} if optimizer == "adamw"
-                      else {lr, "alpha", "beta"})  # fmt: skip
+    assert leaves == (
+        {lr, "weight_decay", f"warmup_{'epochs' if pipeline == 'vit' else 'steps'}"}
+        if optimizer == "adamw"
+        else {lr, "alpha", "beta"}
+    )
     assert planned.arm_file == ROOT / "configs" / "tuned" / pipeline / planned.recipe / f"{optimizer}.yaml"
     assert "hydra.sweeper.n_trials=4" in planned.arguments and planned.seed >= tuning.TUNING_SEEDS_START
 
@@ -190,7 +238,10 @@ def test_every_search_space_reaches_its_arm(name):
     [
         (["seed=7"], "seed=7: tuning seeds start at 100"),
         (["eval_split=test"], "eval_split=test: tuning scores on the validation split only"),
-        (["train.min_lr=tag(log, interval(1e-6, 1e-4))"], "searches train.min_lr, which the run does not read from tuned.adamw.min_lr"),
+        (
+            ["train.min_lr=tag(log, interval(1e-6, 1e-4))"],
+            "searches train.min_lr, which the run does not read from tuned.adamw.min_lr",
+        ),
     ],
 )
 def test_a_tuning_that_could_not_count_is_refused_before_any_trial(overrides, message):
@@ -207,7 +258,9 @@ def test_a_dirty_tree_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
     assert len(tuning.require_clean_tree(tmp_path)) == 40
     (tmp_path / "a.txt").write_text("b\n")
     monkeypatch.setattr(tuning, "ROOT", tmp_path)
-    with pytest.raises(SystemExit, match=r"^error: the git tree at .* has uncommitted changes \(M a.txt, \.\.\.\): commit or stash"):
+    with pytest.raises(
+        SystemExit, match=r"^error: the git tree at .* has uncommitted changes \(M a.txt, \.\.\.\): commit or stash"
+    ):
         tuning.main(["vit", "adamw"])
 
 
@@ -215,9 +268,14 @@ def test_a_tuning_may_start_beside_the_other_arms_uncommitted_picks(tmp_path):
     """A study tunes its arms one after another: the other optimizers' picks of the pipeline and
     results/ may be uncommitted, the arm's own file and everything else may not."""
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
-    files = ["configs/tuned/vit/mnist1d/adamw.yaml", "configs/tuned/vit/mnist1d/horst.yaml",
-             "configs/tuned/gpt2/pydoc/horst.yaml", "results/tuning/vit/mnist1d/tuning.csv", "results/embedded/runs.csv",
-             "horst/step.py"]  # fmt: skip
+    files = [
+        "configs/tuned/vit/mnist1d/adamw.yaml",
+        "configs/tuned/vit/mnist1d/horst.yaml",
+        "configs/tuned/gpt2/pydoc/horst.yaml",
+        "results/tuning/vit/mnist1d/tuning.csv",
+        "results/embedded/runs.csv",
+        "horst/step.py",
+    ]
     for name in files:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("a\n")
@@ -245,9 +303,20 @@ def test_a_failed_trial_scores_worst_and_the_others_still_pick(tmp_path, capsys)
     configs = tmp_path / "configs"
     shutil.copytree(ROOT / "configs", configs)
     overrides = (*TINY, "optimizer.weight_decay=choice(0.01, -1.0)")  # Sobol's 2 points take both halves
-    values = tuning.tune("vit", "adamw", trials=2, overrides=overrides, commit="c0ffee", command="pytest",
-                         config_dir=configs, results_dir=tmp_path / "results", sweep_dir=tmp_path / "sweep")  # fmt: skip
-    assert "1 cell(s) of this multirun failed (listed above); the others ran: they score worst" in capsys.readouterr().err
+    values = tuning.tune(
+        "vit",
+        "adamw",
+        trials=2,
+        overrides=overrides,
+        commit="c0ffee",
+        command="pytest",
+        config_dir=configs,
+        results_dir=tmp_path / "results",
+        sweep_dir=tmp_path / "sweep",
+    )
+    assert (
+        "1 cell(s) of this multirun failed (listed above); the others ran: they score worst" in capsys.readouterr().err
+    )
     rows = pd.read_csv(tmp_path / "results" / "vit" / "digits" / "tuning.csv")
     failed, finished = rows[rows.status == "failed"], rows[rows.status == "finished"]
     assert list(failed["optimizer.weight_decay"]) == [-1.0] and failed.score.item() == -math.inf
@@ -259,8 +328,16 @@ def test_a_tuning_that_cannot_start_still_ends_in_one_line(tmp_path):
     folder) still ends the tuning."""
     (tmp_path / "file").write_text("")
     with pytest.raises(SystemExit, match=r"hydra.sweep.dir=.* cannot be written"):
-        tuning.tune("vit", "adamw", trials=1, overrides=TINY, commit="c0ffee", command="pytest",
-                    results_dir=tmp_path / "results", sweep_dir=tmp_path / "file" / "sweep")  # fmt: skip
+        tuning.tune(
+            "vit",
+            "adamw",
+            trials=1,
+            overrides=TINY,
+            commit="c0ffee",
+            command="pytest",
+            results_dir=tmp_path / "results",
+            sweep_dir=tmp_path / "file" / "sweep",
+        )
 
 
 @pytest.mark.slow  # two trials as submitit subprocesses (~1-3 min here)
@@ -270,9 +347,24 @@ def test_trials_run_through_submitit_as_on_slurm(tmp_path):
     score comes back to the sweeper."""
     configs = tmp_path / "configs"
     shutil.copytree(ROOT / "configs", configs)
-    overrides = (*TINY, "model=vit_nano", "train.batch_size=256", "train.base_batch_size=256", "hydra/launcher=local",
-                 "hydra.sweeper.n_jobs=2")  # fmt: skip
-    values = tuning.tune("vit", "adamw", trials=2, overrides=overrides, commit="c0ffee", command="pytest",
-                         config_dir=configs, results_dir=tmp_path / "results", sweep_dir=tmp_path / "sweep")  # fmt: skip
+    overrides = (
+        *TINY,
+        "model=vit_nano",
+        "train.batch_size=256",
+        "train.base_batch_size=256",
+        "hydra/launcher=local",
+        "hydra.sweeper.n_jobs=2",
+    )
+    values = tuning.tune(
+        "vit",
+        "adamw",
+        trials=2,
+        overrides=overrides,
+        commit="c0ffee",
+        command="pytest",
+        config_dir=configs,
+        results_dir=tmp_path / "results",
+        sweep_dir=tmp_path / "sweep",
+    )
     assert len(list((tmp_path / "sweep" / ".submitit").rglob("*_log.out"))) == 2
     assert len(values["provenance"]["scores"]) == 2 and all(0 < s <= 1 for s in values["provenance"]["scores"])

@@ -10,14 +10,19 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
 
 
 def entry_point(script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     environment = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, str(ROOT / script), *args], cwd=cwd, env=environment,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, str(ROOT / script), *args],
+        cwd=cwd,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.slow  # two runs of the smoke preset (~40 s on 2 idle cores)
@@ -26,7 +31,9 @@ def test_vit_smoke_preset_logs_plain_lines_and_the_same_command_continues_its_fo
     assert first.returncode == 0, first.stderr[-2000:]
     output = first.stdout + first.stderr
     assert "\r" not in output and "Warning" not in output, output[:2000]  # no bar redraws, no callback warning
-    assert "epoch 1 compressed: step 25/64 loss " in first.stdout and "epoch   3   compressed: train loss" in first.stdout
+    assert (
+        "epoch 1 compressed: step 25/64 loss " in first.stdout and "epoch   3   compressed: train loss" in first.stdout
+    )
     (folder,) = (tmp_path / "outputs" / "vit").iterdir()
     assert folder.name == "vit_digits_horst_s0.9_seed0_experiment=smoke_vit" and (folder / "summary.json").is_file()
     assert f"run folder: {folder}" in first.stdout
@@ -47,11 +54,14 @@ def test_gpt2_smoke_preset_logs_its_train_loss_in_plain_lines(tmp_path: Path):
     assert all(float(line.split(" loss ")[1].split()[0]) > 0 for line in lines)
 
 
-@pytest.mark.parametrize("script,argument,line", [
-    ("train_vit.py", "train.bse_lr=1e-3", "error: train.bse_lr is not a setting; did you mean train.base_lr?"),
-    ("train_gpt2.py", "model.n_embed=64", "error: model.n_embed is not a setting; did you mean model.n_embd?"),
-    ("train_vit.py", "sede=1", "error: sede is not a setting; did you mean seed?"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "script,argument,line",
+    [
+        ("train_vit.py", "train.bse_lr=1e-3", "error: train.bse_lr is not a setting; did you mean train.base_lr?"),
+        ("train_gpt2.py", "model.n_embed=64", "error: model.n_embed is not a setting; did you mean model.n_embd?"),
+        ("train_vit.py", "sede=1", "error: sede is not a setting; did you mean seed?"),
+    ],
+)
 def test_a_misspelt_key_gets_did_you_mean_first(tmp_path: Path, script, argument, line):
     result = entry_point(script, argument, cwd=tmp_path)
     assert (result.returncode, result.stderr.strip()) == (1, line)

@@ -33,7 +33,11 @@ def test_embedded_default_composes_and_validates():
     assert schedule.restore_epochs == (6, 10, 14, 18, 22, 26, 30)
 
 
-CELLS = [(size, width, heads, sparsity) for size, width, heads in [("tiny", 192, 3), ("small", 384, 6), ("base", 768, 12)] for sparsity in (70, 80, 90)]
+CELLS = [
+    (size, width, heads, sparsity)
+    for size, width, heads in [("tiny", 192, 3), ("small", 384, 6), ("base", 768, 12)]
+    for sparsity in (70, 80, 90)
+]
 
 
 # Each (model, sparsity) preset once, the optimizers taking turns (composition is the cost).
@@ -89,7 +93,9 @@ def test_batch_must_split_over_processes():
         validate(_compose(), world_size=3)
 
 
-@pytest.mark.parametrize("override", ["acdc.sparsty=0.5", "train.epochs=many", "model=no_such_model", "vit_recipe=none"])
+@pytest.mark.parametrize(
+    "override", ["acdc.sparsty=0.5", "train.epochs=many", "model=no_such_model", "vit_recipe=none"]
+)
 def test_typos_fail_at_composition(override):
     with pytest.raises(ConfigCompositionException):
         _compose(override)

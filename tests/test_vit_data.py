@@ -24,13 +24,27 @@ from horst_sparse.vit.data import (
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_AUG = dict(
-    auto_augment=None, color_jitter=0.0, hflip=0.0, scale=[0.7, 1.0], interpolation="bicubic", re_prob=0.0,
-    re_mode="pixel", re_count=1, crop_pct=1.0,
-)  # fmt: skip
+    auto_augment=None,
+    color_jitter=0.0,
+    hflip=0.0,
+    scale=[0.7, 1.0],
+    interpolation="bicubic",
+    re_prob=0.0,
+    re_mode="pixel",
+    re_count=1,
+    crop_pct=1.0,
+)
 DEIT_AUG = dict(
-    auto_augment="rand-m9-mstd0.5-inc1", color_jitter=0.4, hflip=0.5, scale=[0.08, 1.0], interpolation="bicubic",
-    re_prob=0.25, re_mode="pixel", re_count=1, crop_pct=0.875,
-)  # fmt: skip
+    auto_augment="rand-m9-mstd0.5-inc1",
+    color_jitter=0.4,
+    hflip=0.5,
+    scale=[0.08, 1.0],
+    interpolation="bicubic",
+    re_prob=0.25,
+    re_mode="pixel",
+    re_count=1,
+    crop_pct=0.875,
+)
 
 
 def _png(path, color=(200, 30, 30)) -> None:
@@ -144,9 +158,15 @@ def _epoch(loader: TrainLoader, epoch: int, start: int = 0):
 def test_train_batches_are_a_function_of_seed_and_epoch(num_workers):
     def make(seed):
         return TrainLoader(
-            _Indices(), batch_size=8, seed=seed, rank=0, world_size=1, repeated_aug=3, num_workers=num_workers,
+            _Indices(),
+            batch_size=8,
+            seed=seed,
+            rank=0,
+            world_size=1,
+            repeated_aug=3,
+            num_workers=num_workers,
             pin_memory=False,
-        )  # fmt: skip
+        )
 
     loader = make(0)
     order, draws = _epoch(loader, 3)
@@ -169,11 +189,18 @@ class _CountingIndices(_Indices):
 def test_an_epoch_started_at_a_batch_is_the_rest_of_the_whole_epoch_and_loads_nothing_before():
     """What a run resumed mid-epoch relies on: same images in the same order, same augmentation
     draws, whatever the number of workers; the skipped batches are never loaded."""
+
     def make(dataset, num_workers):
         return TrainLoader(
-            dataset, batch_size=8, seed=0, rank=0, world_size=1, repeated_aug=3, num_workers=num_workers,
+            dataset,
+            batch_size=8,
+            seed=0,
+            rank=0,
+            world_size=1,
+            repeated_aug=3,
+            num_workers=num_workers,
             pin_memory=False,
-        )  # fmt: skip
+        )
 
     order, draws = _epoch(make(_Indices(), 1), 2)
     assert len(make(_Indices(), 0)) == 5
@@ -186,7 +213,9 @@ def test_an_epoch_started_at_a_batch_is_the_rest_of_the_whole_epoch_and_loads_no
 
 def test_ddp_repeated_augmentation_and_sharded_validation():
     ranks = [
-        TrainLoader(_Indices(), batch_size=4, seed=0, rank=r, world_size=2, repeated_aug=3, num_workers=0, pin_memory=False)
+        TrainLoader(
+            _Indices(), batch_size=4, seed=0, rank=r, world_size=2, repeated_aug=3, num_workers=0, pin_memory=False
+        )
         for r in range(2)
     ]
     seen = [_epoch(loader, 0)[0] for loader in ranks]
@@ -194,7 +223,14 @@ def test_ddp_repeated_augmentation_and_sharded_validation():
     # which each process keeps len(dataset) / world_size.
     assert len(seen[0]) == len(seen[1]) == 20
     assert max(np.bincount(seen[0] + seen[1])) <= 3
-    shards = [[i for _, idx in eval_loader(_Indices(), batch_size=7, rank=r, world_size=3, num_workers=0, pin_memory=False) for i in idx.tolist()] for r in range(3)]  # fmt: skip
+    shards = [
+        [
+            i
+            for _, idx in eval_loader(_Indices(), batch_size=7, rank=r, world_size=3, num_workers=0, pin_memory=False)
+            for i in idx.tolist()
+        ]
+        for r in range(3)
+    ]
     assert sorted(sum(shards, [])) == list(range(40))
 
 
@@ -231,8 +267,12 @@ def test_check_imagefolder_script_finds_every_unreadable_file(imagenet_root):
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[1] / "scripts" / "check_imagefolder.py"
-    scan = lambda: subprocess.run([sys.executable, str(script), str(imagenet_root), "--workers", "2"],  # noqa: E731
-                                  capture_output=True, text=True, timeout=120)  # fmt: skip
+    scan = lambda: subprocess.run(
+        [sys.executable, str(script), str(imagenet_root), "--workers", "2"],  # noqa: E731
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert scan().returncode == 0
     _corrupt_jpeg(imagenet_root / "val" / "n01443537" / "cut.JPEG")
     (imagenet_root / "train" / "n01440764" / "notes.JPEG").write_text("not an image")
@@ -276,8 +316,14 @@ def test_loader_workers_leave_the_preemption_signal_to_the_trainer(tmp_path):
     records it."""
     script = tmp_path / "job.py"
     script.write_text(SLURM_SIGNALS_EVERY_PROCESS)
-    done = subprocess.run([sys.executable, str(script), "forkserver"], capture_output=True, text=True, timeout=120,
-                          start_new_session=True, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(script), "forkserver"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        start_new_session=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["96", "True"]  # two whole epochs and the validation pass; the signal recorded
 
@@ -287,7 +333,12 @@ def test_loader_workers_leave_the_preemption_signal_to_the_trainer(tmp_path):
 
 def _imagefolder(root, order=1) -> None:
     """3 classes x 5 training images, 2 validation images each; `order` -1 writes them reversed."""
-    files = [(split, c, i) for split, count in (("train", 5), ("val", 2)) for c in ("n01", "n02", "n03") for i in range(count)]
+    files = [
+        (split, c, i)
+        for split, count in (("train", 5), ("val", 2))
+        for c in ("n01", "n02", "n03")
+        for i in range(count)
+    ]
     for split, c, i in files[::order]:
         _png(root / split / c / f"{c}_{i}.png", color=(40 * i, 80, 120))
 
@@ -309,10 +360,14 @@ def test_minival_is_a_fixed_list_of_training_images_and_test_is_val(tmp_path):
     assert b.test is None  # eval_split validation: the test images are not even listed
     listed = tmp_path / "minival.txt"  # what a user records before a job: the same list
     script = [sys.executable, str(REPO / "scripts" / "check_imagefolder.py"), str(tmp_path / "a"), "--workers", "1"]
-    done = subprocess.run([*script, "--minival-list", str(listed), "--minival-size", "4"], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [*script, "--minival-list", str(listed), "--minival-size", "4"], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert listed.read_text().splitlines() == a.minival
-    with pytest.raises(DataLayoutError, match=r"data.minival_size=15 holds out 5 training images of class 0, which has only 5"):
+    with pytest.raises(
+        DataLayoutError, match=r"data.minival_size=15 holds out 5 training images of class 0, which has only 5"
+    ):
         build_datasets({**data, "root": str(tmp_path / "a"), "minival_size": 15}, TINY_AUG, img_size=12)
 
 
@@ -349,8 +404,10 @@ def test_mnist1d_is_generated_offline_with_the_published_defaults_split_and_cach
     again = mnist1d_examples(600, cache=str(tmp_path))  # read from the cache: the same examples
     assert np.array_equal(again[0], x) and np.array_equal(again[1], y)
 
-    splits = {s: Mnist1DDataset(s, num_samples=600, val_fraction=0.1, test_fraction=0.5, cache=str(tmp_path))
-              for s in ("train", "validation", "test")}  # fmt: skip
+    splits = {
+        s: Mnist1DDataset(s, num_samples=600, val_fraction=0.1, test_fraction=0.5, cache=str(tmp_path))
+        for s in ("train", "validation", "test")
+    }
     assert [len(d) for d in splits.values()] == [240, 60, 300]
     indices = [set(d.indices.tolist()) for d in splits.values()]
     assert set.union(*indices) == set(range(600)) and sum(map(len, indices)) == 600
@@ -372,26 +429,54 @@ def test_a_tiny_mnist1d_run_reports_on_the_split_eval_split_says(tmp_path):
     from horst_sparse.vit.run import run
 
     overrides = [
-        "vit_recipe=mnist1d", f"data.root={tmp_path / 'cache'}", "data.num_samples=300", "eval_split=test",
-        "model.embed_dim=16", "model.depth=1", "model.num_heads=2", "train.batch_size=40", "train.base_batch_size=40",
-        "train.epochs=5", "train.warmup_epochs=1", "acdc.dense_warmup=1", "acdc.compressed=2", "acdc.decompressed=1",
-        "acdc.final_decompressed=1", "acdc.final_compressed=1", "acdc.sparsity=0.8", "logging.mode=disabled",
+        "vit_recipe=mnist1d",
+        f"data.root={tmp_path / 'cache'}",
+        "data.num_samples=300",
+        "eval_split=test",
+        "model.embed_dim=16",
+        "model.depth=1",
+        "model.num_heads=2",
+        "train.batch_size=40",
+        "train.base_batch_size=40",
+        "train.epochs=5",
+        "train.warmup_epochs=1",
+        "acdc.dense_warmup=1",
+        "acdc.compressed=2",
+        "acdc.decompressed=1",
+        "acdc.final_decompressed=1",
+        "acdc.final_compressed=1",
+        "acdc.sparsity=0.8",
+        "logging.mode=disabled",
         "device=cpu",
-    ]  # fmt: skip
+    ]
     register_configs()
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
         cfg = compose("train_vit", overrides=overrides)
     summary = run(cfg, run_dir=tmp_path / "run")
     assert summary["eval_split"] == "test" and summary["model"]["patch_size"] == [1, 8]
-    assert (summary["data"]["train_images"], summary["data"]["val_images"], summary["data"]["test_images"]) == (120, 30, 150)
-    assert summary["accuracy_unit"] == "fraction of the 150 test images" and summary["measured_sparsity"] == pytest.approx(0.8, abs=1e-3)
+    assert (summary["data"]["train_images"], summary["data"]["val_images"], summary["data"]["test_images"]) == (
+        120,
+        30,
+        150,
+    )
+    assert summary["accuracy_unit"] == "fraction of the 150 test images" and summary[
+        "measured_sparsity"
+    ] == pytest.approx(0.8, abs=1e-3)
 
     model = build_model(cfg.model, num_classes=10, in_chans=1)
     model.load_state_dict(load_checkpoint(latest_checkpoint(tmp_path / "run"))["model"])
     split = dict(num_samples=300, val_fraction=0.1, test_fraction=0.5, cache=str(tmp_path / "cache"))
-    on = {s: evaluate(model, eval_loader(Mnist1DDataset(s, **split), batch_size=64, rank=0, world_size=1, num_workers=0,
-                                         pin_memory=False), device=torch.device("cpu"), dtype=torch.float32)
-          for s in ("validation", "test")}  # fmt: skip
+    on = {
+        s: evaluate(
+            model,
+            eval_loader(
+                Mnist1DDataset(s, **split), batch_size=64, rank=0, world_size=1, num_workers=0, pin_memory=False
+            ),
+            device=torch.device("cpu"),
+            dtype=torch.float32,
+        )
+        for s in ("validation", "test")
+    }
     assert (summary["top1"], summary["top5"]) == pytest.approx((on["test"]["top1"], on["test"]["top5"]))
     assert summary["epochs"][-1]["top1"] == pytest.approx(on["validation"]["top1"])
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

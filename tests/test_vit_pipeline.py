@@ -10,11 +10,11 @@ import sys
 
 import pytest
 import torch
+from conftest import CLASSES, QUIET_ENV, ROOT, _compose, _load_entry_point, deit_overrides, read_records
 from PIL import Image
 
-import pruning
 import horst_sparse.vit.run as vit_run_module
-from conftest import CLASSES, QUIET_ENV, ROOT, _compose, _load_entry_point, deit_overrides, read_records
+import pruning
 from horst_sparse.training import runner
 from horst_sparse.training.config import ConfigError
 from horst_sparse.training.runner import NON_FINITE_EXIT_CODE
@@ -44,7 +44,9 @@ def deit_run(imagenet_root, tmp_path_factory):
 
     def reset_and_record(optimizer, params, **kwargs):
         original_reset(optimizer, params, **kwargs)
-        watched["moments_after_restore"].append([optimizer.state[p]["exp_avg"].abs().max().item() for p in params.values()])
+        watched["moments_after_restore"].append(
+            [optimizer.state[p]["exp_avg"].abs().max().item() for p in params.values()]
+        )
 
     def evaluate_and_record(model, *args, **kwargs):
         weights = pruning.prunable_parameters(model, "vit")
@@ -72,10 +74,18 @@ def test_tiny_imagefolder_end_to_end(deit_run):
     opt = summary["optimizer"]
     assert (opt["name"], opt["alpha"], opt["beta"], opt["weight_decay"], opt["lr"]) == ("horst", 10.0, 0.1, 0.05, 5e-4)
     assert summary["data"] == {
-        "name": "imagefolder", "root": str(summary["data"]["root"]), "train_images": 24, "val_images": 6, "num_classes": 3, "skipped_images": [],
-        "splits": {"train": "train/ less the 6 minival images", "validation": "minival: 6 images held out of train/ (minival.txt)",
-                   "test": "val/ (the official validation set)"},
-    }  # fmt: skip
+        "name": "imagefolder",
+        "root": str(summary["data"]["root"]),
+        "train_images": 24,
+        "val_images": 6,
+        "num_classes": 3,
+        "skipped_images": [],
+        "splits": {
+            "train": "train/ less the 6 minival images",
+            "validation": "minival: 6 images held out of train/ (minival.txt)",
+            "test": "val/ (the official validation set)",
+        },
+    }
     assert summary["seed"] == 0 and summary["target_sparsity"] == 0.8 and summary["final_phase"] == "compressed"
     assert summary["acdc"]["prune_epochs"] == [1, 4] and summary["acdc"]["restore_epochs"] == [3]
     assert summary["train"]["steps"] == 6 * 3 and summary["train"]["epochs"] == 6
@@ -94,7 +104,9 @@ def test_tiny_imagefolder_end_to_end(deit_run):
     assert len(layers) == 2 * 4 and "sparsity/blocks.1.mlp.fc2.weight" in layers
     histograms = [r for r in records if "weights/log10_abs_counts" in r]
     assert len(histograms) == 6
-    assert len(histograms[-1]["weights/log10_abs_counts"]) == 100 and len(histograms[-1]["weights/log10_abs_edges"]) == 101
+    assert (
+        len(histograms[-1]["weights/log10_abs_counts"]) == 100 and len(histograms[-1]["weights/log10_abs_edges"]) == 101
+    )
     # Non-zero weights only: the final model's histogram counts the 20 % that survive.
     numel = summary["model"]["prunable_parameters"]
     assert sum(histograms[-1]["weights/log10_abs_counts"]) == numel - math.floor(0.8 * numel)
@@ -176,8 +188,9 @@ def test_gradient_accumulation_gives_the_update_of_the_whole_batch(imagenet_root
 
     weights, losses = {}, {}
     for accum in (1, 2):
-        overrides = deit_overrides(imagenet_root, "optimizer=sgd", "model.drop_path=0", f"train.accum_steps={accum}",
-                                   "logging.mode=disabled")  # fmt: skip
+        overrides = deit_overrides(
+            imagenet_root, "optimizer=sgd", "model.drop_path=0", f"train.accum_steps={accum}", "logging.mode=disabled"
+        )
         summary = run(_compose(overrides), run_dir=tmp_path / f"accum{accum}")
         weights[accum] = load_checkpoint(latest_checkpoint(tmp_path / f"accum{accum}"))["model"]
         losses[accum] = [epoch["train_loss"] for epoch in summary["epochs"]]
@@ -193,9 +206,14 @@ def test_embedded_default_with_fewer_epochs(tmp_path, monkeypatch, capsys):
     decompressed 2, compressed 3-4."""
     run_dir = tmp_path / "default"
     short = [
-        "train.epochs=5", "train.warmup_epochs=1", "acdc.dense_warmup=1", "acdc.compressed=1",
-        "acdc.decompressed=1", "acdc.final_decompressed=1", "acdc.final_compressed=2",
-    ]  # fmt: skip
+        "train.epochs=5",
+        "train.warmup_epochs=1",
+        "acdc.dense_warmup=1",
+        "acdc.compressed=1",
+        "acdc.decompressed=1",
+        "acdc.final_decompressed=1",
+        "acdc.final_compressed=2",
+    ]
     monkeypatch.setattr(sys, "argv", ["train_vit.py", *short, f"hydra.run.dir={run_dir}"])
     train_vit.main()
     printed = capsys.readouterr().out
@@ -211,7 +229,10 @@ def test_cli_errors_are_one_line_and_nonzero(tmp_path, monkeypatch, capsys):
     cases = [
         (["train.epochs=41"], "error: acdc phases do not fit train.epochs=41"),
         (["experiment=deit_tiny_acdc_s70"], "error: data.root is not set; pass data.root=/path/to/imagenet"),
-        (["experiment=deit_tiny_acdc_s70", f"data.root={tmp_path}/none"], f"error: data.root={tmp_path}/none does not exist"),
+        (
+            ["experiment=deit_tiny_acdc_s70", f"data.root={tmp_path}/none"],
+            f"error: data.root={tmp_path}/none does not exist",
+        ),
     ]
     for overrides, message in cases:
         monkeypatch.setattr(sys, "argv", ["train_vit.py", *overrides, f"hydra.run.dir={tmp_path / 'run'}"])
@@ -220,7 +241,6 @@ def test_cli_errors_are_one_line_and_nonzero(tmp_path, monkeypatch, capsys):
         assert exit_info.value.code == 2
         (line,) = capsys.readouterr().err.strip().splitlines()
         assert line.startswith(message)
-
 
 
 def test_non_finite_loss_exits_nonzero_and_keeps_last_good_checkpoint(imagenet_root, tmp_path, monkeypatch, capsys):
@@ -237,6 +257,7 @@ def test_non_finite_loss_exits_nonzero_and_keeps_last_good_checkpoint(imagenet_r
     assert f"Last good checkpoint: {checkpoints[-1] if checkpoints else 'none yet'}" in message
     assert not (run_dir / "summary.json").exists()
 
+
 @pytest.mark.slow
 def test_ddp_two_processes_with_repeated_augmentation(imagenet_root, tmp_path):
     import os
@@ -244,9 +265,15 @@ def test_ddp_two_processes_with_repeated_augmentation(imagenet_root, tmp_path):
 
     run_dir = tmp_path / "ddp"
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-        str(ROOT / "train_vit.py"), *deit_overrides(imagenet_root), f"hydra.run.dir={run_dir}",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(ROOT / "train_vit.py"),
+        *deit_overrides(imagenet_root),
+        f"hydra.run.dir={run_dir}",
+    ]
     env = {**os.environ, **QUIET_ENV, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -285,7 +312,9 @@ def test_a_corrupt_image_is_one_line_naming_it_or_skipped_and_counted(imagenet_r
 
 
 def test_acdc_with_two_of_four_masks_keeps_two_of_every_four_inputs(imagenet_root, tmp_path):
-    summary = run(_compose(deit_overrides(imagenet_root, "acdc.pattern=2:4", "acdc.sparsity=0.5")), run_dir=tmp_path / "run")
+    summary = run(
+        _compose(deit_overrides(imagenet_root, "acdc.pattern=2:4", "acdc.sparsity=0.5")), run_dir=tmp_path / "run"
+    )
     from horst_sparse.training.checkpoint import latest_checkpoint, load_checkpoint
 
     weights = load_checkpoint(latest_checkpoint(tmp_path / "run"))["model"]

@@ -13,9 +13,9 @@ import time
 
 import pytest
 import torch
+from conftest import QUIET_ENV, ROOT, _compose, deit_overrides, logged_steps, read_records
 
 import pruning
-from conftest import QUIET_ENV, ROOT, _compose, deit_overrides, logged_steps, read_records
 from horst_sparse.training.checkpoint import CheckpointError, load_checkpoint
 from horst_sparse.training.preemption import PREEMPTED_EXIT_CODE
 from horst_sparse.vit.run import run
@@ -48,7 +48,9 @@ def signal_mid_epoch(child: subprocess.Popen, run_dir, *, timeout: float) -> Non
     raise AssertionError(f"no chance to signal the run mid-epoch (logged steps: {logged_steps(run_dir)})")
 
 
-def test_sigusr2_mid_epoch_checkpoints_exits_and_resumes_at_the_next_batch(imagenet_root, tmp_path, capsys, monkeypatch):
+def test_sigusr2_mid_epoch_checkpoints_exits_and_resumes_at_the_next_batch(
+    imagenet_root, tmp_path, capsys, monkeypatch
+):
     # Every update logged; no periodic checkpoint before the end: the signal's is the only one.
     overrides = deit_overrides(imagenet_root, "train.log_interval=1", "train.checkpoint_interval=0")
     reference = tmp_path / "reference"

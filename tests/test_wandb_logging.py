@@ -13,8 +13,8 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-
 from conftest import _compose, _load_entry_point, compose_cfg, deit_overrides, tiny_overrides
+
 from horst_sparse.gpt2.run import run as gpt2_run
 from horst_sparse.vit.run import run as vit_run
 
@@ -89,9 +89,17 @@ def read_wandb_run(run_dir: Path, timeout: float = 60.0) -> dict:
             break
         assert time.monotonic() < deadline, f"{path} has no exit record {timeout:.0f} s after the run finished"
         time.sleep(0.05)
-    history = [{item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in h.item} for h in records["history"]]
-    return {"run": records["run"][0], "history": history, "metric": records["metric"], "artifact": records["artifact"],
-            "exit": records["exit"]}  # fmt: skip
+    history = [
+        {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in h.item}
+        for h in records["history"]
+    ]
+    return {
+        "run": records["run"][0],
+        "history": history,
+        "metric": records["metric"],
+        "artifact": records["artifact"],
+        "exit": records["exit"],
+    }
 
 
 def logged_keys(history: list[dict]) -> set[str]:
@@ -109,7 +117,9 @@ def logged_keys(history: list[dict]) -> set[str]:
 def test_gpt2_run_reads_at_a_glance_in_wandb(pydoc_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     run_dir = tmp_path / "run"
-    overrides = tiny_overrides(pydoc_dir, "logging.group=table_a", "optimizer.alpha=30", "optimizer.beta=1")  # not the pick's
+    overrides = tiny_overrides(
+        pydoc_dir, "logging.group=table_a", "optimizer.alpha=30", "optimizer.beta=1"
+    )  # not the pick's
     gpt2_run(compose_cfg(overrides), run_dir=run_dir)
     logged = read_wandb_run(run_dir)
 
@@ -125,8 +135,12 @@ def test_gpt2_run_reads_at_a_glance_in_wandb(pydoc_dir, tmp_path, monkeypatch):
     assert "prune/perplexity_plot_table/_type" in table  # the line plot's table
     assert any(row.get("weights/log10_abs/_type") == "histogram" for row in logged["history"])
     assert any(a.type == "results" and a.name == f"results-{run.run_id}" for a in logged["artifact"])
-    assert all(isinstance(v, (int, float)) for row in logged["history"] for k, v in row.items()
-               if k in ("train/loss", "train/lr", "val/ppl"))  # fmt: skip
+    assert all(
+        isinstance(v, (int, float))
+        for row in logged["history"]
+        for k, v in row.items()
+        if k in ("train/loss", "train/lr", "val/ppl")
+    )
 
 
 def test_vit_run_has_an_epoch_axis_and_numeric_phase(imagenet_root, tmp_path, monkeypatch):
@@ -150,8 +164,9 @@ def test_vit_run_has_an_epoch_axis_and_numeric_phase(imagenet_root, tmp_path, mo
     assert epochs[-1]["val/top1"] == pytest.approx(summary["top1"])
 
 
-def test_a_failed_cell_of_a_one_process_multirun_ends_as_failed_and_gives_back_the_signal(pydoc_dir, tmp_path,
-                                                                                          monkeypatch):  # fmt: skip
+def test_a_failed_cell_of_a_one_process_multirun_ends_as_failed_and_gives_back_the_signal(
+    pydoc_dir, tmp_path, monkeypatch
+):
     """Hydra's basic launcher runs the cells in one process. A cell that fails (here: a
     non-finite loss, exit code 4) must end its W&B run with its exit code (W&B would otherwise
     mark it finished when the next cell starts) and hand back SIGUSR2's handler and its run
@@ -176,10 +191,9 @@ def test_a_failed_cell_of_a_one_process_multirun_ends_as_failed_and_gives_back_t
     assert not (failed / ".lock").exists() and not (finished / ".lock").exists()
 
 
-
 def test_an_offline_run_continued_after_an_interruption_is_one_offline_folder_with_the_whole_log(
     imagenet_root, tmp_path, monkeypatch, capfd
-):  # fmt: skip
+):
     """W&B cannot append to an offline run: the continued run's folder gets the whole log
     (replayed from metrics.jsonl), the interrupted run's folder goes, and `wandb sync` of the
     one folder printed at the end uploads what an uninterrupted run would have."""

@@ -20,7 +20,11 @@ from horst_sparse.analysis.stats import detectable_effect, holm, paired_interval
 RULES = Path(__file__).with_name("claims.yaml")
 SUPPORTS, CONTRADICTS, UNDECIDED, NOT_TESTABLE = "supports", "contradicts", "undecided", "not testable"
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, NOT_TESTED = (
-    "reproduced", "not reproduced", "inconclusive at this scale", "not tested (no endpoint has two seeds)")  # fmt: skip
+    "reproduced",
+    "not reproduced",
+    "inconclusive at this scale",
+    "not tested (no endpoint has two seeds)",
+)
 
 
 def load_rules(path: Path = RULES) -> dict[str, Any]:
@@ -33,14 +37,17 @@ def pct(sparsity: float) -> str:
 
 def per_seed(frame: pd.DataFrame, pipeline: str, metric: str, method: str, pattern: str) -> pd.DataFrame:
     """seed x (arm, sparsity) of one pipeline's metric; the log where the metric is a ratio's."""
-    rows = frame[(frame.pipeline == pipeline) & (frame.metric == metric) & (frame.method == method)
-                 & (frame.pattern == pattern)]  # fmt: skip
+    rows = frame[
+        (frame.pipeline == pipeline) & (frame.metric == metric) & (frame.method == method) & (frame.pattern == pattern)
+    ]
     twice = rows[rows.duplicated(["arm", "sparsity", "seed"], keep=False)]
     if not twice.empty:
         first = twice.iloc[0]
-        raise ValueError(f"{pipeline} {first.arm} at {pct(first.sparsity)} has several runs of seed {first.seed} "
-                         f"({', '.join(twice[(twice.arm == first.arm) & (twice.seed == first.seed)].run)}): "
-                         "judge one study at a time")  # fmt: skip
+        raise ValueError(
+            f"{pipeline} {first.arm} at {pct(first.sparsity)} has several runs of seed {first.seed} "
+            f"({', '.join(twice[(twice.arm == first.arm) & (twice.seed == first.seed)].run)}): "
+            "judge one study at a time"
+        )
     return rows.pivot_table(index="seed", columns=["arm", "sparsity"], values="value", aggfunc="first", dropna=False)
 
 
@@ -63,13 +70,26 @@ def _endpoints(rules: dict[str, Any], claim: dict[str, Any], frame: pd.DataFrame
         table = per_seed(frame, claim["pipeline"], spec["metric"], cells["method"], cells["pattern"])
         operator = " / " if log else " − "
         named = "" if spec["metric"] in ("top1", "ppl") else f"{metric['name']}: "  # the headline metrics go unnamed
-        base = dict(claim=claim["id"], metric=spec["metric"], first=spec["first"], second=spec["second"],
-                    unit=metric["unit"], decimals=metric["decimals"], ratio=log, sign=sign)  # fmt: skip
+        base = dict(
+            claim=claim["id"],
+            metric=spec["metric"],
+            first=spec["first"],
+            second=spec["second"],
+            unit=metric["unit"],
+            decimals=metric["decimals"],
+            ratio=log,
+            sign=sign,
+        )
         if "at" in spec:
             for s in spec["at"]:
                 gains = paired_gains(table, spec["first"], spec["second"], float(s), log=log)
-                rows.append({**base, "endpoint": f"{named}{spec['first']}{operator}{spec['second']} at {pct(s)}",
-                             "gains": gains})  # fmt: skip
+                rows.append(
+                    {
+                        **base,
+                        "endpoint": f"{named}{spec['first']}{operator}{spec['second']} at {pct(s)}",
+                        "gains": gains,
+                    }
+                )
         else:
             start, ends = spec["change"]["from"], spec["change"]["to"]
             ends = ends if isinstance(ends, list) else [ends]
@@ -80,8 +100,14 @@ def _endpoints(rules: dict[str, Any], claim: dict[str, Any], frame: pd.DataFrame
             after = candidates.get(end, pd.Series(dtype=float))
             seeds = before.index.intersection(after.index)
             what = "ratio" if log else "gain"
-            rows.append({**base, "endpoint": f"{named}{spec['first']}{operator}{spec['second']}: {what} at {pct(end)} "
-                         f"{'over' if log else 'minus'} {what} at {pct(start)}", "gains": after[seeds] - before[seeds]})  # fmt: skip
+            rows.append(
+                {
+                    **base,
+                    "endpoint": f"{named}{spec['first']}{operator}{spec['second']}: {what} at {pct(end)} "
+                    f"{'over' if log else 'minus'} {what} at {pct(start)}",
+                    "gains": after[seeds] - before[seeds],
+                }
+            )
     return rows
 
 
@@ -103,9 +129,19 @@ def judge(frame: pd.DataFrame, rules: dict[str, Any]) -> pd.DataFrame:
                 outcome = SUPPORTS if direction > 0 else CONTRADICTS
             else:
                 outcome = UNDECIDED
-            rows.append({**endpoint, "estimate": interval.mean, "low": interval.low, "high": interval.high,
-                         "n": interval.n, "p": interval.p, "p_holm": p_holm, "outcome": outcome,
-                         "detectable": detectable_effect(interval.sd, interval.n, alpha=alpha, power=power)})  # fmt: skip
+            rows.append(
+                {
+                    **endpoint,
+                    "estimate": interval.mean,
+                    "low": interval.low,
+                    "high": interval.high,
+                    "n": interval.n,
+                    "p": interval.p,
+                    "p_holm": p_holm,
+                    "outcome": outcome,
+                    "detectable": detectable_effect(interval.sd, interval.n, alpha=alpha, power=power),
+                }
+            )
     return pd.DataFrame.from_records(rows)
 
 
@@ -114,7 +150,14 @@ def verdicts(judgement: pd.DataFrame, rules: dict[str, Any]) -> pd.DataFrame:
     rows = []
     for claim in rules["claims"]:
         outcomes = set(judgement.loc[judgement.claim == claim["id"], "outcome"])
-        verdict = (NOT_TESTED if outcomes <= {NOT_TESTABLE} else NOT_REPRODUCED if CONTRADICTS in outcomes
-                   else REPRODUCED if outcomes == {SUPPORTS} else INCONCLUSIVE)  # fmt: skip
+        verdict = (
+            NOT_TESTED
+            if outcomes <= {NOT_TESTABLE}
+            else NOT_REPRODUCED
+            if CONTRADICTS in outcomes
+            else REPRODUCED
+            if outcomes == {SUPPORTS}
+            else INCONCLUSIVE
+        )
         rows.append({"claim": claim["id"], "text": " ".join(claim["text"].split()), "verdict": verdict})
     return pd.DataFrame.from_records(rows)

@@ -47,7 +47,9 @@ def _plain_log_axis(ax, values: pd.Series) -> None:
     low, high = finite.min() / 1.05, finite.max() * 1.05
     ax.set_yscale("log")
     for steps in ((1, 2, 5), (1, 1.5, 2, 3, 4, 5, 6, 7, 8)):
-        ticks = [m * 10**e for e in range(int(np.floor(np.log10(low))), int(np.ceil(np.log10(high))) + 1) for m in steps]
+        ticks = [
+            m * 10**e for e in range(int(np.floor(np.log10(low))), int(np.ceil(np.log10(high))) + 1) for m in steps
+        ]
         inside = [t for t in ticks if low <= t <= high]
         if len(inside) >= 4:
             break
@@ -58,7 +60,9 @@ def _plain_log_axis(ax, values: pd.Series) -> None:
     ax.set_ylim(low, high)
 
 
-def metric_figure(frame: pd.DataFrame, path: Path, *, metric: str, ylabel: str, title: str, log_y: bool = False) -> None:
+def metric_figure(
+    frame: pd.DataFrame, path: Path, *, metric: str, ylabel: str, title: str, log_y: bool = False
+) -> None:
     """One panel per (data, model); per arm its seeds as points and its mean as a line."""
     plt = _pyplot()
     rows = order(frame[frame.metric == metric])
@@ -71,12 +75,20 @@ def metric_figure(frame: pd.DataFrame, path: Path, *, metric: str, ylabel: str, 
             k = arms.index(arm)
             offset = 1.06 ** (i - (panel["arm"].nunique() - 1) / 2)  # side by side on the log axis
             density = (1 - runs["sparsity"]) * offset
-            ax.scatter(density, runs["value"], marker=MARKERS[k % len(MARKERS)], s=16, alpha=0.55, color=f"C{k}",
-                       linewidths=0)  # fmt: skip
+            ax.scatter(
+                density, runs["value"], marker=MARKERS[k % len(MARKERS)], s=16, alpha=0.55, color=f"C{k}", linewidths=0
+            )
             means = runs.groupby("sparsity")["value"].mean()
             seeds = runs["seed"].nunique()
-            ax.plot((1 - means.index) * offset, means.to_numpy(), "-", marker=MARKERS[k % len(MARKERS)], ms=5,
-                    color=f"C{k}", label=f"{arm} (mean of {seeds} seed{'s' if seeds > 1 else ''})")  # fmt: skip
+            ax.plot(
+                (1 - means.index) * offset,
+                means.to_numpy(),
+                "-",
+                marker=MARKERS[k % len(MARKERS)],
+                ms=5,
+                color=f"C{k}",
+                label=f"{arm} (mean of {seeds} seed{'s' if seeds > 1 else ''})",
+            )
         _density_axis(ax, sparsities)
         if log_y:
             _plain_log_axis(ax, panel["value"])
@@ -90,8 +102,9 @@ def metric_figure(frame: pd.DataFrame, path: Path, *, metric: str, ylabel: str, 
     plt.close(fig)
 
 
-def weight_figure(frame: pd.DataFrame, folders: dict[str, Path], path: Path, saved: dict[str, dict] | None = None,
-                  caveat: str = "") -> tuple[list[str], dict[str, dict]]:  # fmt: skip
+def weight_figure(
+    frame: pd.DataFrame, folders: dict[str, Path], path: Path, saved: dict[str, dict] | None = None, caveat: str = ""
+) -> tuple[list[str], dict[str, dict]]:
     """log10|w| densities of the prunable weights, per arm, one panel per pipeline: the first
     seed's run (ViT: at the highest sparsity), its histogram from its run folder, else from
     `saved` (run -> signature, from, counts, edges: what an earlier figure drew; a study resumed
@@ -105,13 +118,19 @@ def weight_figure(frame: pd.DataFrame, folders: dict[str, Path], path: Path, sav
     for row in order(chosen).itertuples():
         histogram = weight_histogram(folders[row.run]) if row.run in folders else None
         if histogram is not None:
-            used[row.run] = {"signature": row.signature, "from": histogram[2], "counts": list(histogram[0]),
-                             "edges": list(histogram[1])}  # fmt: skip
+            used[row.run] = {
+                "signature": row.signature,
+                "from": histogram[2],
+                "counts": list(histogram[0]),
+                "edges": list(histogram[1]),
+            }
         elif saved.get(row.run, {}).get("signature") == row.signature:  # the run the record holds, not an older one
             used[row.run] = saved[row.run]
             histogram = (used[row.run]["counts"], used[row.run]["edges"], f"{used[row.run]['from']}, as drawn before")
         else:
-            notes.append(f"{row.run}: no weight histogram (weight_histogram.json or metrics.jsonl); not in the weight figure")
+            notes.append(
+                f"{row.run}: no weight histogram (weight_histogram.json or metrics.jsonl); not in the weight figure"
+            )
             continue
         drawn.setdefault(row.pipeline, []).append((row.arm, row, histogram))
     if not drawn:

@@ -36,15 +36,26 @@ FIGURES = ("accuracy_vs_sparsity.png", "perplexity_vs_sparsity.png", "weight_dis
 WEIGHT_HISTOGRAMS = "weight_histograms.json"  # what weight_distribution.png draws, to redraw it without run folders
 # Every file write_report may write: it removes them first, so that a file the runs no longer give
 # (a pipeline's tables before its runs exist) is not left over from an earlier report.
-OUTPUTS = ("tables.md", "paired.csv",
-           "paired.md", "claims.csv", "claims.md", "headline.md", *FIGURES, WEIGHT_HISTOGRAMS, "README.md")  # fmt: skip
+OUTPUTS = (
+    "tables.md",
+    "paired.csv",
+    "paired.md",
+    "claims.csv",
+    "claims.md",
+    "headline.md",
+    *FIGURES,
+    WEIGHT_HISTOGRAMS,
+    "README.md",
+)
 
 
 def select_split(frame: pd.DataFrame, split: str) -> pd.DataFrame:
     chosen = frame[frame.eval_split == split]
     if chosen.empty:
-        raise NoRunsError(f"no run measured on the {split} split (the runs have eval_split "
-                          f"{', '.join(sorted(frame.eval_split.unique()))}); pass --split to report those")  # fmt: skip
+        raise NoRunsError(
+            f"no run measured on the {split} split (the runs have eval_split "
+            f"{', '.join(sorted(frame.eval_split.unique()))}); pass --split to report those"
+        )
     return chosen
 
 
@@ -52,7 +63,9 @@ def comparisons(frame: pd.DataFrame, rules: dict[str, Any]) -> pd.DataFrame:
     """Each comparison of the rules at every cell both arms ran, paired over seeds."""
     rows = []
     for pipeline, pairs in rules["comparisons"].items():
-        for (metric, method, pattern), part in frame[frame.pipeline == pipeline].groupby(["metric", "method", "pattern"]):
+        for (metric, method, pattern), part in frame[frame.pipeline == pipeline].groupby(
+            ["metric", "method", "pattern"]
+        ):
             spec = rules["metrics"][metric]
             table = claims.per_seed(part, pipeline, metric, method, pattern)
             for first, second in pairs:
@@ -61,11 +74,26 @@ def comparisons(frame: pd.DataFrame, rules: dict[str, Any]) -> pd.DataFrame:
                     if gains.empty:
                         continue
                     i = paired_interval(gains.to_numpy(), rules["confidence"])
-                    rows.append({"pipeline": pipeline, "first": first, "second": second, "metric": metric,
-                                 "column": tables.column_label(method, pattern, sparsity), "method": method,
-                                 "pattern": pattern, "sparsity": sparsity, "estimate": i.mean, "low": i.low,
-                                 "high": i.high, "n": i.n, "p": i.p, "ratio": spec["scale"] == "ratio",
-                                 "decimals": spec["decimals"], "unit": spec["unit"]})  # fmt: skip
+                    rows.append(
+                        {
+                            "pipeline": pipeline,
+                            "first": first,
+                            "second": second,
+                            "metric": metric,
+                            "column": tables.column_label(method, pattern, sparsity),
+                            "method": method,
+                            "pattern": pattern,
+                            "sparsity": sparsity,
+                            "estimate": i.mean,
+                            "low": i.low,
+                            "high": i.high,
+                            "n": i.n,
+                            "p": i.p,
+                            "ratio": spec["scale"] == "ratio",
+                            "decimals": spec["decimals"],
+                            "unit": spec["unit"],
+                        }
+                    )
     return pd.DataFrame.from_records(rows)
 
 
@@ -92,63 +120,100 @@ def tables_markdown(cells: pd.DataFrame, split: str) -> str:
     parts = []
     for pipeline, metric, group in tabulated(cells):
         wide = tables.wide(group)
-        parts += [f"### {tables.title(pipeline, metric)}, {split} split", "",
-                  "Mean ± sample std over seeds (one run: its value); n: runs per cell.", "",
-                  tables.markdown(wide, right=len(wide.columns) - tables.label_columns(wide))]  # fmt: skip
+        parts += [
+            f"### {tables.title(pipeline, metric)}, {split} split",
+            "",
+            "Mean ± sample std over seeds (one run: its value); n: runs per cell.",
+            "",
+            tables.markdown(wide, right=len(wide.columns) - tables.label_columns(wide)),
+        ]
     return "\n".join(parts)
 
 
 def paired_markdown(paired: pd.DataFrame, confidence: float) -> str:
     level = f"{100 * confidence:g} %"
-    lines = ["## Paired differences over seeds", "",
-             f"first − second (GPT-2: the perplexity ratio first / second), seed by seed over the seeds both ran; "
-             f"the mean and its {level} t-interval, the t-test's p (not corrected for multiplicity). Which of "
-             "these decide a claim, and how, is claims.md's business.", ""]  # fmt: skip
+    lines = [
+        "## Paired differences over seeds",
+        "",
+        f"first − second (GPT-2: the perplexity ratio first / second), seed by seed over the seeds both ran; "
+        f"the mean and its {level} t-interval, the t-test's p (not corrected for multiplicity). Which of "
+        "these decide a claim, and how, is claims.md's business.",
+        "",
+    ]
     for pipeline, group in paired.groupby("pipeline", sort=False):
-        shown = pd.DataFrame({"comparison": group["first"] + " vs " + group["second"], "metric": group["metric"],
-                              "at": group["column"], "estimate": [tables.estimate_text(r) for r in group.itertuples()],
-                              "n pairs": group["n"], "p": group["p"].map(tables.p_text)})  # fmt: skip
+        shown = pd.DataFrame(
+            {
+                "comparison": group["first"] + " vs " + group["second"],
+                "metric": group["metric"],
+                "at": group["column"],
+                "estimate": [tables.estimate_text(r) for r in group.itertuples()],
+                "n pairs": group["n"],
+                "p": group["p"].map(tables.p_text),
+            }
+        )
         lines += [f"### {pipeline}", "", tables.markdown(shown, right=3)]
     return "\n".join(lines)
 
 
 def claims_markdown(judgement: pd.DataFrame, verdicts: pd.DataFrame, rules: dict[str, Any], split: str) -> str:
-    lines = ["## The paper's claims at this scale", "",
-             f"Judged on the runs of the {split} split by the rules of horst_sparse/analysis/claims.yaml (paired t-tests over "
-             f"seeds, Holm's correction over each claim's endpoints at level {1 - rules['confidence']:g}). Small "
-             "models on small data: a claim not reproduced here says what happens at this scale.", ""]  # fmt: skip
+    lines = [
+        "## The paper's claims at this scale",
+        "",
+        f"Judged on the runs of the {split} split by the rules of horst_sparse/analysis/claims.yaml (paired t-tests over "
+        f"seeds, Holm's correction over each claim's endpoints at level {1 - rules['confidence']:g}). Small "
+        "models on small data: a claim not reproduced here says what happens at this scale.",
+        "",
+    ]
     for claim in verdicts.itertuples():
-        lines.append(f"{claim.claim}. **{claim.verdict}**: \"{claim.text}\"")
+        lines.append(f'{claim.claim}. **{claim.verdict}**: "{claim.text}"')
         for row in judgement[judgement.claim == claim.claim].itertuples():
             if row.n == 0:
                 lines.append(f"   - {row.endpoint}: no runs of both: {row.outcome}")
                 continue
-            lines.append(f"   - {row.endpoint}: {tables.estimate_text(row)} {row.unit}, n={row.n}, "
-                         f"Holm p {tables.p_text(row.p_holm)}: {row.outcome}")  # fmt: skip
+            lines.append(
+                f"   - {row.endpoint}: {tables.estimate_text(row)} {row.unit}, n={row.n}, "
+                f"Holm p {tables.p_text(row.p_holm)}: {row.outcome}"
+            )
     power = judgement[judgement["n"] > 1]
-    lines += ["", f"### Power: the smallest effect each endpoint detects at {100 * rules['power']:g} % power", "",
-              f"Two-sided paired t-test at level {1 - rules['confidence']:g} (before Holm), with the endpoint's "
-              "observed spread and pair count. An effect smaller than this would usually go undetected.", ""]  # fmt: skip
+    lines += [
+        "",
+        f"### Power: the smallest effect each endpoint detects at {100 * rules['power']:g} % power",
+        "",
+        f"Two-sided paired t-test at level {1 - rules['confidence']:g} (before Holm), with the endpoint's "
+        "observed spread and pair count. An effect smaller than this would usually go undetected.",
+        "",
+    ]
     if power.empty:
         lines.append("No endpoint has two pairs.")
     else:
+
         def detectable(row: Any) -> str:
             if row.ratio:
                 return f"×{np.exp(-row.detectable):.{row.decimals}f} or ×{np.exp(row.detectable):.{row.decimals}f}"
             return f"± {row.detectable:.{row.decimals}f}"
 
-        frame = pd.DataFrame({"claim": power["claim"], "endpoint": power["endpoint"], "n pairs": power["n"],
-                              "observed": [tables.estimate_text(r) for r in power.itertuples()],
-                              "detectable at 80 %": [detectable(r) for r in power.itertuples()],
-                              "unit": power["unit"]})  # fmt: skip
+        frame = pd.DataFrame(
+            {
+                "claim": power["claim"],
+                "endpoint": power["endpoint"],
+                "n pairs": power["n"],
+                "observed": [tables.estimate_text(r) for r in power.itertuples()],
+                "detectable at 80 %": [detectable(r) for r in power.itertuples()],
+                "unit": power["unit"],
+            }
+        )
         lines.append(tables.markdown(frame, right=3))
     return "\n".join(lines) + "\n"
 
 
 def headline_markdown(judgement: pd.DataFrame, verdicts: pd.DataFrame, split: str, source: str) -> str:
     """The README's headline block: each claim's verdict and its deciding numbers."""
-    lines = [HEADLINE_START, "",
-             f"Judged on the {split} split ({source}; rules: horst_sparse/analysis/claims.yaml):", ""]  # fmt: skip
+    lines = [
+        HEADLINE_START,
+        "",
+        f"Judged on the {split} split ({source}; rules: horst_sparse/analysis/claims.yaml):",
+        "",
+    ]
     for claim in verdicts.itertuples():
         tested = judgement[(judgement.claim == claim.claim) & (judgement.outcome != claims.NOT_TESTABLE)]
         numbers = "; ".join(f"{r.endpoint} {tables.estimate_text(r)} ({r.outcome})" for r in tested.itertuples())
@@ -159,12 +224,20 @@ def headline_markdown(judgement: pd.DataFrame, verdicts: pd.DataFrame, split: st
 def readme_block(readme: str) -> str | None:
     """The README's headline block (markers included), or None where it has none."""
     start, end = readme.find(HEADLINE_START), readme.find(HEADLINE_END)
-    return None if start < 0 or end < 0 else readme[start:end + len(HEADLINE_END)] + "\n"
+    return None if start < 0 or end < 0 else readme[start : end + len(HEADLINE_END)] + "\n"
 
 
-def write_report(frame: pd.DataFrame, out: Path, *, rules: dict[str, Any] | None = None, split: str | None = None,
-                 folders: dict[str, Path] | None = None, left_out: list[str] = (), source: str = "",
-                 intro: str = "") -> str:  # fmt: skip
+def write_report(
+    frame: pd.DataFrame,
+    out: Path,
+    *,
+    rules: dict[str, Any] | None = None,
+    split: str | None = None,
+    folders: dict[str, Path] | None = None,
+    left_out: list[str] = (),
+    source: str = "",
+    intro: str = "",
+) -> str:
     """Write the folder's files, README.md last (`intro`, then the headline); return claims.md's text."""
     rules = rules or claims.load_rules()
     split = split or rules["split"]
@@ -182,48 +255,77 @@ def write_report(frame: pd.DataFrame, out: Path, *, rules: dict[str, Any] | None
     cells = tables.cells(frame)
     text = tables_markdown(cells, split)
     if left_out:
-        text += f"\n### Run folders not in the tables ({len(left_out)})\n\n" + "\n".join(f"- {w}" for w in left_out) + "\n"
+        text += (
+            f"\n### Run folders not in the tables ({len(left_out)})\n\n" + "\n".join(f"- {w}" for w in left_out) + "\n"
+        )
     (out / "tables.md").write_text(text)
     for pipeline, metric, group in tabulated(cells):
         name = table_file(pipeline, metric)
         tables.write_csv(group, out / f"{name}.csv")
         wide = tables.wide(group)
-        (out / f"{name}.tex").write_text(tables.latex(wide, caption=f"{tables.title(pipeline, metric)}, {split} split. Mean ± "
-                                                      "sample std over seeds; n: runs per cell.",
-                                                      label=f"tab:{name}",
-                                                      right=len(wide.columns) - tables.label_columns(wide)))  # fmt: skip
+        (out / f"{name}.tex").write_text(
+            tables.latex(
+                wide,
+                caption=f"{tables.title(pipeline, metric)}, {split} split. Mean ± "
+                "sample std over seeds; n: runs per cell.",
+                label=f"tab:{name}",
+                right=len(wide.columns) - tables.label_columns(wide),
+            )
+        )
     paired = comparisons(frame, rules)
     if not paired.empty:
         tables.write_csv(_ratio_csv(paired), out / "paired.csv")
         (out / "paired.md").write_text(paired_markdown(paired, rules["confidence"]))
     judgement = claims.judge(frame, rules)
     verdicts = claims.verdicts(judgement, rules)
-    tables.write_csv(verdicts.merge(_ratio_csv(judgement), on="claim").drop(columns=["sign", "text"]), out / "claims.csv")
+    tables.write_csv(
+        verdicts.merge(_ratio_csv(judgement), on="claim").drop(columns=["sign", "text"]), out / "claims.csv"
+    )
     claims_md = claims_markdown(judgement, verdicts, rules, split)
     (out / "claims.md").write_text(claims_md)
     headline = headline_markdown(judgement, verdicts, split, source or str(out))
     (out / "headline.md").write_text(headline)
     caveat = "; one seed: an illustration, not evidence" if frame.seed.nunique() == 1 else ""
     if (frame.metric == "top1").any():
-        figures.metric_figure(frame, out / "accuracy_vs_sparsity.png", metric="top1", ylabel="top-1 accuracy (%)",
-                              title=f"Top-1 of the final sparse models ({split} split{caveat})")  # fmt: skip
+        figures.metric_figure(
+            frame,
+            out / "accuracy_vs_sparsity.png",
+            metric="top1",
+            ylabel="top-1 accuracy (%)",
+            title=f"Top-1 of the final sparse models ({split} split{caveat})",
+        )
     if (frame.metric == "ppl").any():
-        magnitude = frame[(frame.metric == "ppl") & frame.method.isin(["none", "magnitude"]) & frame.pattern.isin(["dense", "unstructured"])]
-        figures.metric_figure(magnitude, out / "perplexity_vs_sparsity.png", metric="ppl", log_y=True,
-                              ylabel="perplexity (log scale)",
-                              title=f"Perplexity after one-shot magnitude pruning ({split} split{caveat})")  # fmt: skip
+        magnitude = frame[
+            (frame.metric == "ppl")
+            & frame.method.isin(["none", "magnitude"])
+            & frame.pattern.isin(["dense", "unstructured"])
+        ]
+        figures.metric_figure(
+            magnitude,
+            out / "perplexity_vs_sparsity.png",
+            metric="ppl",
+            log_y=True,
+            ylabel="perplexity (log scale)",
+            title=f"Perplexity after one-shot magnitude pruning ({split} split{caveat})",
+        )
     notes, drawn = figures.weight_figure(frame, folders or {}, out / "weight_distribution.png", saved, caveat)
     if drawn:
         (out / WEIGHT_HISTOGRAMS).write_text(json.dumps(drawn, indent=1) + "\n")
     for note in notes:
         print(f"note: {note}")
     if split != rules["split"]:
-        intro += (f"\nThese numbers are measured on the {split} split. The study's verdicts read the {rules['split']} split "
-                  "(horst_sparse/analysis/claims.yaml): numbers on the split that tuned values were picked on favour the tuned arms.\n")  # fmt: skip
-    commits = sorted(frame.git_commit.dropna().map(lambda c: c[:12] + ("-dirty" if c.endswith("-dirty") else "")).unique())
-    intro += (f"\n{frame.run.nunique()} runs ({', '.join(f'{p}: {n}' for p, n in frame.drop_duplicates('run').pipeline.value_counts().items())}) "
-              f"from commit(s) {', '.join(f'`{c}`' for c in commits)}. Files: tables.md (each table also as "
-              "<pipeline>_<metric>.csv and .tex), paired.md/.csv, claims.md/.csv (verdicts and the power table), headline.md, the figures.\n\n")  # fmt: skip
+        intro += (
+            f"\nThese numbers are measured on the {split} split. The study's verdicts read the {rules['split']} split "
+            "(horst_sparse/analysis/claims.yaml): numbers on the split that tuned values were picked on favour the tuned arms.\n"
+        )
+    commits = sorted(
+        frame.git_commit.dropna().map(lambda c: c[:12] + ("-dirty" if c.endswith("-dirty") else "")).unique()
+    )
+    intro += (
+        f"\n{frame.run.nunique()} runs ({', '.join(f'{p}: {n}' for p, n in frame.drop_duplicates('run').pipeline.value_counts().items())}) "
+        f"from commit(s) {', '.join(f'`{c}`' for c in commits)}. Files: tables.md (each table also as "
+        "<pipeline>_<metric>.csv and .tex), paired.md/.csv, claims.md/.csv (verdicts and the power table), headline.md, the figures.\n\n"
+    )
     (out / "README.md").write_text(intro + headline)
     return claims_md
 
@@ -239,33 +341,36 @@ def load(sources: list[str]) -> tuple[pd.DataFrame, dict[str, Path], list[str]]:
     if found is not None and not found.frame.empty:
         parts = [p[~p.run.isin(found.frame.run)] for p in parts] + [found.frame]
     if not parts:
-        raise NoRunsError(f"no finished run in {', '.join(sources)}" + "".join(f"; {w}" for w in (found.left_out if found else [])[:5]))
+        raise NoRunsError(
+            f"no finished run in {', '.join(sources)}"
+            + "".join(f"; {w}" for w in (found.left_out if found else [])[:5])
+        )
     return pd.concat(parts, ignore_index=True), (found.folders if found else {}), (found.left_out if found else [])
 
 
 def tables_main(argv: list[str] | None = None) -> None:
     """`horst-tables` (scripts/make_tables.py): Tables and figures of any runs (horst_sparse.analysis.report), e.g. a sweep's:
 
-    horst-tables multirun/vit multirun/gpt2 --out results/sweep
+        horst-tables multirun/vit multirun/gpt2 --out results/sweep
 
-Every folder below the given ones with `config.yaml` and `summary.json` is a finished run;
-runs that differ only in their seed and in keys that change no number
-(horst_sparse/training/no_effect.py) are the seeds of one cell. Failed and unfinished folders are listed.
-"""
+    Every folder below the given ones with `config.yaml` and `summary.json` is a finished run;
+    runs that differ only in their seed and in keys that change no number
+    (horst_sparse/training/no_effect.py) are the seeds of one cell. Failed and unfinished folders are listed.
+    """
     main(argv, study=False)
 
 
 def study_report_main(argv: list[str] | None = None) -> None:
     """`horst-study-report` (scripts/study_report.py): A study's results folder: tables, paired comparisons, the paper's claims judged, the power
-table, the README's headline include and the figures (horst_sparse.analysis.report).
+    table, the README's headline include and the figures (horst_sparse.analysis.report).
 
-    horst-study-report results/embedded/runs.csv --out report   # from the committed record
-    horst-study-report outputs/embedded --out report           # from run folders (also writes runs.csv)
+        horst-study-report results/embedded/runs.csv --out report   # from the committed record
+        horst-study-report outputs/embedded --out report           # from run folders (also writes runs.csv)
 
-Reads the runs measured on horst_sparse/analysis/claims.yaml's split (`test`) unless --split says otherwise.
-Its README.md is this report's; `horst-study --report-only` rewrites a study's own
-folder (results/embedded) with the study's README (its commands and cost).
-"""
+    Reads the runs measured on horst_sparse/analysis/claims.yaml's split (`test`) unless --split says otherwise.
+    Its README.md is this report's; `horst-study --report-only` rewrites a study's own
+    folder (results/embedded) with the study's README (its commands and cost).
+    """
     main(argv, study=True)
 
 
@@ -278,12 +383,20 @@ def main(argv: list[str] | None, *, study: bool) -> None:
     from horst_sparse.analysis.runs import write_record
 
     doc = (study_report_main if study else tables_main).__doc__ or ""
-    parser = argparse.ArgumentParser(prog="horst-study-report" if study else "horst-tables", description=doc.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=doc.split("\n\n", 1)[1])  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="horst-study-report" if study else "horst-tables",
+        description=doc.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=doc.split("\n\n", 1)[1],
+    )
     parser.add_argument("sources", nargs="+", help="run folders (searched recursively) and/or record files (runs.csv)")
     parser.add_argument("--out", required=True, help="the results folder to write")
-    parser.add_argument("--split", help="report the runs measured on this split (default: " +
-                        ("horst_sparse/analysis/claims.yaml's" if study else "the one the runs have") + ")")  # fmt: skip
+    parser.add_argument(
+        "--split",
+        help="report the runs measured on this split (default: "
+        + ("horst_sparse/analysis/claims.yaml's" if study else "the one the runs have")
+        + ")",
+    )
     args = parser.parse_args(argv)
     try:
         frame, folders, left_out = load(args.sources)
@@ -291,9 +404,19 @@ def main(argv: list[str] | None, *, study: bool) -> None:
         split = args.split or (None if study else splits[0] if len(splits) == 1 else None)
         if split is None and not study:
             raise NoRunsError(f"the runs are measured on several splits ({', '.join(splits)}): choose one with --split")
-        line = " ".join(["horst-study-report" if study else "horst-tables", *args.sources, "--out", args.out] + (["--split", args.split] if args.split else []))
-        text = write_report(frame, Path(args.out), split=split, folders=folders, left_out=left_out,
-                            source=", ".join(args.sources), intro=f"# Results\n\nWritten by `{line}` (horst_sparse.analysis.report).\n")  # fmt: skip
+        line = " ".join(
+            ["horst-study-report" if study else "horst-tables", *args.sources, "--out", args.out]
+            + (["--split", args.split] if args.split else [])
+        )
+        text = write_report(
+            frame,
+            Path(args.out),
+            split=split,
+            folders=folders,
+            left_out=left_out,
+            source=", ".join(args.sources),
+            intro=f"# Results\n\nWritten by `{line}` (horst_sparse.analysis.report).\n",
+        )
     except (NoRunsError, ValueError) as error:
         sys.exit(f"error: {error}")
     if folders:

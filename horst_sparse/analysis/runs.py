@@ -23,9 +23,10 @@ import hashlib
 import json
 import math
 import sys
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -40,8 +41,24 @@ ARMS = CONFIGS / "arm"
 # Not in a signature besides NO_EFFECT: the replicate, the label, the table's column keys.
 NOT_SIGNATURE = ("seed", "arm", "acdc.sparsity", "prune")
 UNRECORDED = "unrecorded"  # the signature of a record row whose run's config was not recorded
-RECORD_COLUMNS = ["run", "pipeline", "data", "model", "arm", "optimizer", "seed", "eval_split", "git_commit",
-                  "signature", "metric", "method", "pattern", "sparsity", "value", "wall_time_s"]  # fmt: skip
+RECORD_COLUMNS = [
+    "run",
+    "pipeline",
+    "data",
+    "model",
+    "arm",
+    "optimizer",
+    "seed",
+    "eval_split",
+    "git_commit",
+    "signature",
+    "metric",
+    "method",
+    "pattern",
+    "sparsity",
+    "value",
+    "wall_time_s",
+]
 # summary.json's environment; empty in records from before it (and `cpu` was the architecture only)
 MACHINE_COLUMNS = ["host", "cpu", "cpu_capability", "cpu_threads", "gpu"]
 
@@ -62,8 +79,11 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
 
 def signature(config: dict[str, Any]) -> dict[str, Any]:
     """The flattened config minus what changes no number and what tells the seeds of a cell apart."""
-    return {k: v for k, v in flatten(config).items()
-            if not no_effect(k) and not any(k == p or k.startswith(p + ".") for p in NOT_SIGNATURE)}  # fmt: skip
+    return {
+        k: v
+        for k, v in flatten(config).items()
+        if not no_effect(k) and not any(k == p or k.startswith(p + ".") for p in NOT_SIGNATURE)
+    }
 
 
 def signature_hash(config: dict[str, Any]) -> str:
@@ -93,11 +113,18 @@ def arm_label(config: dict[str, Any], arms: Path = ARMS) -> str:
     file = arms / f"{arm}.yaml"
     if file.is_file():
         spec = yaml.safe_load(file.read_text()) or {}
-        chosen = [d["override /optimizer"] for d in spec.get("defaults", []) if isinstance(d, dict) and "override /optimizer" in d]
+        chosen = [
+            d["override /optimizer"]
+            for d in spec.get("defaults", [])
+            if isinstance(d, dict) and "override /optimizer" in d
+        ]
         wrong = [f"optimizer {name} (the arm's is {chosen[0]})"] if chosen and chosen[0] != name else []
         recorded = flatten(optimizer)
-        wrong += [f"optimizer.{k}={recorded.get(k)} (the arm sets {v})" for k, v in flatten(spec.get("optimizer", {})).items()
-                  if not (isinstance(v, str) and "${" in v) and recorded.get(k) != v]  # fmt: skip
+        wrong += [
+            f"optimizer.{k}={recorded.get(k)} (the arm sets {v})"
+            for k, v in flatten(spec.get("optimizer", {})).items()
+            if not (isinstance(v, str) and "${" in v) and recorded.get(k) != v
+        ]
         if wrong:
             raise ValueError(f"records arm={arm} but ran {'; '.join(wrong)}")
     return str(arm)
@@ -111,10 +138,18 @@ def _values(record: dict[str, Any]) -> list[dict[str, Any]]:
     """(metric, method, pattern, sparsity, value) of a run's numbers, as its pipeline wrote them
     into summary.json (a failed run's failed.json: value None, counted as diverged)."""
     if "numbers" in record:
-        return [{**row, "sparsity": float(row["sparsity"]), "value": math.nan if row["value"] is None else float(row["value"])}
-                for row in record["numbers"]]  # fmt: skip
-    raise ValueError("no `numbers` (written before 2026-12-02, when each pipeline began to record them): "
-                     "its numbers are in a study's runs.csv, or rerun it")
+        return [
+            {
+                **row,
+                "sparsity": float(row["sparsity"]),
+                "value": math.nan if row["value"] is None else float(row["value"]),
+            }
+            for row in record["numbers"]
+        ]
+    raise ValueError(
+        "no `numbers` (written before 2026-12-02, when each pipeline began to record them): "
+        "its numbers are in a study's runs.csv, or rerun it"
+    )
 
 
 SMALL_WEIGHT = 1e-3  # `weights_below_1e-3`: the share of prunable weights with |w| below this
@@ -159,8 +194,10 @@ def _weight_values(folder: Path) -> list[dict[str, Any]]:
     median = float(np.interp(0.5, cumulative, edges))
     below = 100.0 * float(np.interp(math.log10(SMALL_WEIGHT), edges, cumulative))
     dense = {"method": "none", "pattern": "dense", "sparsity": 0.0}
-    return [{"metric": "weights_median_log10", **dense, "value": median},
-            {"metric": "weights_below_1e-3", **dense, "value": below}]  # fmt: skip
+    return [
+        {"metric": "weights_median_log10", **dense, "value": median},
+        {"metric": "weights_below_1e-3", **dense, "value": below},
+    ]
 
 
 @dataclass
@@ -191,8 +228,15 @@ def scan(dirs: Sequence[str | Path], *, base: Path | None = None, arms: Path = A
     missing = [str(d) for d in dirs if not Path(d).is_dir()]
     if missing:
         raise NoRunsError(f"no such folder: {', '.join(missing)}")
-    folders = sorted({p.parent for d in dirs for name in (SUMMARY, FAILED, CONFIG) for p in Path(d).rglob(name)
-                      if not any(part.startswith(".") for part in p.relative_to(d).parts[:-1])})  # fmt: skip
+    folders = sorted(
+        {
+            p.parent
+            for d in dirs
+            for name in (SUMMARY, FAILED, CONFIG)
+            for p in Path(d).rglob(name)
+            if not any(part.startswith(".") for part in p.relative_to(d).parts[:-1])
+        }
+    )
     rows: list[dict[str, Any]] = []
     found = Found(pd.DataFrame())
     for folder in folders:
@@ -203,7 +247,9 @@ def scan(dirs: Sequence[str | Path], *, base: Path | None = None, arms: Path = A
                 summary = _read(folder / FAILED)
                 config = summary.get("config") or config
                 reason = str(summary.get("reason") or "?").splitlines()[0]
-                found.left_out.append(f"{run}: failed (exit code {summary.get('exit_code')}: {reason}); counted as diverged")
+                found.left_out.append(
+                    f"{run}: failed (exit code {summary.get('exit_code')}: {reason}); counted as diverged"
+                )
                 values = _values(summary)
             elif (folder / SUMMARY).is_file():
                 summary = _read(folder / SUMMARY)
@@ -215,14 +261,19 @@ def scan(dirs: Sequence[str | Path], *, base: Path | None = None, arms: Path = A
                 found.left_out.append(f"{run}: no {CONFIG} (the record of what ran)")
                 continue
             identity = {
-                "run": run, "pipeline": summary["pipeline"], "data": str(config.get("data", {}).get("name")),
-                "model": _model(summary["pipeline"], config.get("model", {})), "arm": arm_label(config, arms),
-                "optimizer": optimizer_label(config.get("optimizer", {})), "seed": config.get("seed"),
+                "run": run,
+                "pipeline": summary["pipeline"],
+                "data": str(config.get("data", {}).get("name")),
+                "model": _model(summary["pipeline"], config.get("model", {})),
+                "arm": arm_label(config, arms),
+                "optimizer": optimizer_label(config.get("optimizer", {})),
+                "seed": config.get("seed"),
                 "eval_split": summary.get("eval_split", config.get("eval_split", "validation")),
-                "git_commit": summary.get("git_commit"), "signature": signature_hash(config),
+                "git_commit": summary.get("git_commit"),
+                "signature": signature_hash(config),
                 "wall_time_s": summary.get("wall_time_s"),
                 **{key: (summary.get("environment") or {}).get(key) for key in MACHINE_COLUMNS},
-            }  # fmt: skip
+            }
         except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError) as error:
             found.left_out.append(f"{run}: {error}")
             continue
@@ -239,16 +290,22 @@ def read_runs(dirs: Sequence[str | Path]) -> Found:
     """`scan`, with an error naming what to pass where no run finished."""
     found = scan(dirs)
     if found.frame.empty:
-        raise NoRunsError(f"no finished run (a folder with {SUMMARY} and {CONFIG}) under {', '.join(map(str, dirs))}"
-                          + "".join(f"; {why}" for why in found.left_out[:5]))  # fmt: skip
+        raise NoRunsError(
+            f"no finished run (a folder with {SUMMARY} and {CONFIG}) under {', '.join(map(str, dirs))}"
+            + "".join(f"; {why}" for why in found.left_out[:5])
+        )
     return found
 
 
 def write_record(frame: pd.DataFrame, path: Path) -> None:
     """The study's record: the frame without its config columns, one line per run x number."""
     columns = RECORD_COLUMNS + [c for c in MACHINE_COLUMNS if c in frame]
-    write_csv(frame[columns].sort_values(["pipeline", "arm", "sparsity", "seed", "metric", "method", "pattern"],
-                                         kind="stable"), path)  # fmt: skip
+    write_csv(
+        frame[columns].sort_values(
+            ["pipeline", "arm", "sparsity", "seed", "metric", "method", "pattern"], kind="stable"
+        ),
+        path,
+    )
 
 
 def read_record(paths: Iterable[str | Path]) -> pd.DataFrame:
@@ -258,4 +315,6 @@ def read_record(paths: Iterable[str | Path]) -> pd.DataFrame:
     missing = [c for c in RECORD_COLUMNS if c not in frame]
     if missing:
         raise NoRunsError(f"{', '.join(map(str, paths))}: not a study record (no column {', '.join(missing)})")
-    return frame.reindex(columns=[*frame.columns, *(c for c in MACHINE_COLUMNS if c not in frame)]).reset_index(drop=True)
+    return frame.reindex(columns=[*frame.columns, *(c for c in MACHINE_COLUMNS if c not in frame)]).reset_index(
+        drop=True
+    )

@@ -9,8 +9,8 @@ difference. Student's t, because with 5-10 seeds the sample std is itself uncert
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -20,8 +20,9 @@ from scipy import optimize, stats
 def spread(values: pd.Series) -> pd.Series:
     """mean, std (sample; NaN for one value), n over the finite values; `diverged` the others."""
     finite = values[np.isfinite(values)]
-    return pd.Series({"mean": finite.mean(), "std": finite.std(ddof=1), "n": len(finite),
-                      "diverged": len(values) - len(finite)})  # fmt: skip
+    return pd.Series(
+        {"mean": finite.mean(), "std": finite.std(ddof=1), "n": len(finite), "diverged": len(values) - len(finite)}
+    )
 
 
 @dataclass(frozen=True)

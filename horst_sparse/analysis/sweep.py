@@ -31,22 +31,37 @@ def scores(frame: pd.DataFrame) -> pd.DataFrame:
         raise NoRunsError("no HORST or HAM runs (no optimizer.alpha/beta) among these")
     rules = claims.load_rules()
     cell = rules["cells"][pipelines[0]]
-    chosen = runs[(runs.metric == cell["metric"]) & (runs.method == cell["method"]) & (runs.pattern == cell["pattern"])
-                  & (runs.sparsity >= cell.get("from", 0.0))]  # fmt: skip
+    chosen = runs[
+        (runs.metric == cell["metric"])
+        & (runs.method == cell["method"])
+        & (runs.pattern == cell["pattern"])
+        & (runs.sparsity >= cell.get("from", 0.0))
+    ]
     ratio = rules["metrics"][cell["metric"]]["scale"] == "ratio"
     per_run = chosen.groupby("run")["value"].apply(lambda v: float(np.exp(np.log(v).mean()) if ratio else v.mean()))
     grid_keys = [c for c in runs.columns if c.startswith("config.") and c not in GRID_KEYS]
     first = runs.drop_duplicates("run").set_index("run")
     grids = first[grid_keys].apply(lambda row: repr(tuple(row)), axis=1)
-    out = pd.DataFrame({"optimizer": first["optimizer"], "grid": grids, "alpha": first[GRID_KEYS[0]].astype(float),
-                        "beta": first[GRID_KEYS[1]].astype(float), "seed": first["seed"], "score": per_run})  # fmt: skip
+    out = pd.DataFrame(
+        {
+            "optimizer": first["optimizer"],
+            "grid": grids,
+            "alpha": first[GRID_KEYS[0]].astype(float),
+            "beta": first[GRID_KEYS[1]].astype(float),
+            "seed": first["seed"],
+            "score": per_run,
+        }
+    )
     return out.reset_index()
 
 
 def cells(runs: pd.DataFrame) -> pd.DataFrame:
     grouped = runs.groupby(["optimizer", "grid", "alpha", "beta"], sort=True)
-    out = grouped["score"].agg(mean=lambda s: s.mean() if s.notna().all() else np.nan,
-                               std=lambda s: s.std(ddof=1), n="size").reset_index()  # fmt: skip
+    out = (
+        grouped["score"]
+        .agg(mean=lambda s: s.mean() if s.notna().all() else np.nan, std=lambda s: s.std(ddof=1), n="size")
+        .reset_index()
+    )
     out["failed"] = grouped["score"].apply(lambda s: int(s.isna().sum())).to_numpy()
     out["seeds"] = grouped["seed"].apply(lambda s: ";".join(map(str, sorted(s)))).to_numpy()
     return out
@@ -62,19 +77,29 @@ def markdown(pipeline: str, grid_cells: pd.DataFrame, command: str) -> str:
     cell = rules["cells"][pipeline]
     metric = rules["metrics"][cell["metric"]]
     higher = metric["better"] == "higher"
-    what = (f"{'geometric mean' if metric['scale'] == 'ratio' else 'mean'} {metric['name']} at {cell['method']} "
-            f"{cell['pattern']}" + (f", sparsities >= {cell['from']:.0%}" if cell.get("from") else "")
-            + f", {metric['better']} is better")  # fmt: skip
-    lines = [f"# alpha x beta sweep: {pipeline} pipeline", "",
-             f"Built by `{command}`. Score: {what}. Cells: mean ± sample std [n runs]; not finite: a run failed or "
-             "diverged (the cell counts as worst). Bold: the best cell of each grid.", ""]  # fmt: skip
+    what = (
+        f"{'geometric mean' if metric['scale'] == 'ratio' else 'mean'} {metric['name']} at {cell['method']} "
+        f"{cell['pattern']}"
+        + (f", sparsities >= {cell['from']:.0%}" if cell.get("from") else "")
+        + f", {metric['better']} is better"
+    )
+    lines = [
+        f"# alpha x beta sweep: {pipeline} pipeline",
+        "",
+        f"Built by `{command}`. Score: {what}. Cells: mean ± sample std [n runs]; not finite: a run failed or "
+        "diverged (the cell counts as worst). Bold: the best cell of each grid.",
+        "",
+    ]
     grids = {g: i for i, g in enumerate(grid_cells["grid"].unique())}
     for (optimizer, grid), group in grid_cells.groupby(["optimizer", "grid"], sort=False):
         best = pick(group, higher_is_better=higher)
 
-        def text(row) -> str:
-            shown = (f"not finite ({row.failed} of {row.n})" if not np.isfinite(row.mean) else
-                     f"{tables.number(row.mean, 2)}" + (f" ± {tables.number(row.std, 2)}" if row.n > 1 else ""))  # fmt: skip
+        def text(row, best=best) -> str:
+            shown = (
+                f"not finite ({row.failed} of {row.n})"
+                if not np.isfinite(row.mean)
+                else f"{tables.number(row.mean, 2)}" + (f" ± {tables.number(row.std, 2)}" if row.n > 1 else "")
+            )
             shown += f" [{row.n}]"
             return f"**{shown}**" if (row.alpha, row.beta) == (best.alpha, best.beta) else shown
 
@@ -84,19 +109,24 @@ def markdown(pipeline: str, grid_cells: pd.DataFrame, command: str) -> str:
         table = table.reset_index().rename(columns={"alpha": "alpha \\ beta"})
         table["alpha \\ beta"] = table["alpha \\ beta"].map(lambda a: f"{a:g}")
         title = f"## {optimizer}" + (f" (grid {grids[grid] + 1})" if len(grids) > 1 else "")
-        lines += [title, "", tables.markdown(table),
-                  f"Best: alpha = {best.alpha:g}, beta = {best.beta:g} ({tables.number(best['mean'], 2)}, n={best.n}).", ""]  # fmt: skip
+        lines += [
+            title,
+            "",
+            tables.markdown(table),
+            f"Best: alpha = {best.alpha:g}, beta = {best.beta:g} ({tables.number(best['mean'], 2)}, n={best.n}).",
+            "",
+        ]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
     """`horst-sweep-table` (scripts/sweep_table.py): An alpha x beta sweep's table and its pick (horst_sparse.analysis.sweep):
 
-    horst-sweep-table outputs/tuning/vit_* --out results/tuning/vit
-    horst-sweep-table outputs/tuning/gpt2_* --out results/tuning/gpt2
+        horst-sweep-table outputs/tuning/vit_* --out results/tuning/vit
+        horst-sweep-table outputs/tuning/gpt2_* --out results/tuning/gpt2
 
-Writes sweep.md (also printed) and sweep.csv (one line per cell) into --out.
-"""
+    Writes sweep.md (also printed) and sweep.csv (one line per cell) into --out.
+    """
     import argparse
     import shlex
     import sys
@@ -105,9 +135,12 @@ Writes sweep.md (also printed) and sweep.csv (one line per cell) into --out.
     from horst_sparse.analysis.runs import read_runs
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="horst-sweep-table", description=(main.__doc__ or "").split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog=(main.__doc__ or "").split("\n\n", 1)[1])  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="horst-sweep-table",
+        description=(main.__doc__ or "").split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=(main.__doc__ or "").split("\n\n", 1)[1],
+    )
     parser.add_argument("run_dirs", nargs="+", help="folders searched recursively for run folders")
     parser.add_argument("--out", required=True, help="folder for sweep.md and sweep.csv")
     args = parser.parse_args(argv)

@@ -42,8 +42,7 @@ METRIC_TITLES = {
 }
 # Claim 3's statistics of the trained weights: claims.md reports them, the tables do not.
 WEIGHT_METRICS = ("weights_median_log10", "weights_below_1e-3")
-ARM_ORDER = ("adamw", "ham", "horst", "horst_prunable", "horst_sm", "horst_beta0", "horst_mirror_off",
-             "adamw_decay")  # fmt: skip
+ARM_ORDER = ("adamw", "ham", "horst", "horst_prunable", "horst_sm", "horst_beta0", "horst_mirror_off", "adamw_decay")
 
 
 def title(pipeline: str, metric: str) -> str:
@@ -79,7 +78,12 @@ def p_text(p: float) -> str:
 def column_label(method: str, pattern: str, sparsity: float) -> str:
     """`90 %`, `dense`, `wanda 50 %`, `magnitude 2:4`: the paper's protocol (AC/DC, magnitude
     unstructured) by its sparsity alone."""
-    if pattern == "dense" or method in ("acdc",) and pattern == "unstructured" or (method, pattern) == ("magnitude", "unstructured"):
+    if (
+        pattern == "dense"
+        or method in ("acdc",)
+        and pattern == "unstructured"
+        or (method, pattern) == ("magnitude", "unstructured")
+    ):
         return pct(sparsity)
     return f"{method} {pct(sparsity) if pattern == 'unstructured' else pattern}"
 
@@ -88,8 +92,13 @@ def cells(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per cell: mean, std, n, diverged, seeds, runs."""
     grouped = frame.groupby(CELL_KEYS, sort=False, dropna=False)
     # Joined on the cell keys, not placed by position: unstack() sorts the cells, apply() does not.
-    stats = grouped["value"].apply(spread).unstack().join(grouped.agg(
-        seeds=("seed", lambda s: ";".join(map(str, sorted(s)))), runs=("run", ";".join))).reset_index()  # fmt: skip
+    stats = (
+        grouped["value"]
+        .apply(spread)
+        .unstack()
+        .join(grouped.agg(seeds=("seed", lambda s: ";".join(map(str, sorted(s)))), runs=("run", ";".join)))
+        .reset_index()
+    )
     stats[["n", "diverged"]] = stats[["n", "diverged"]].astype(int)
     return order(stats)
 
@@ -97,22 +106,34 @@ def cells(frame: pd.DataFrame) -> pd.DataFrame:
 def order(frame: pd.DataFrame) -> pd.DataFrame:
     rank = frame["arm"].map(lambda a: ARM_ORDER.index(a) if a in ARM_ORDER else len(ARM_ORDER))
     method = frame["method"].map({"none": 0, "acdc": 1, "magnitude": 1, "wanda": 2}).fillna(3)
-    return (frame.assign(_rank=rank, _method=method, _dense=frame["pattern"] != "unstructured")
-            .sort_values(["pipeline", "data", "model", "_rank", "arm", "signature", "_method", "_dense", "sparsity"], kind="stable")
-            .drop(columns=["_rank", "_method", "_dense"]).reset_index(drop=True))  # fmt: skip
+    return (
+        frame.assign(_rank=rank, _method=method, _dense=frame["pattern"] != "unstructured")
+        .sort_values(
+            ["pipeline", "data", "model", "_rank", "arm", "signature", "_method", "_dense", "sparsity"], kind="stable"
+        )
+        .drop(columns=["_rank", "_method", "_dense"])
+        .reset_index(drop=True)
+    )
 
 
 def cell_text(row: Any, decimals: int, pm: str = "±") -> str:
-    text = ("–" if row.n == 0 else number(row.mean, decimals) if row.n == 1
-            else f"{number(row.mean, decimals)} {pm} {number(row.std, decimals)}")  # fmt: skip
+    text = (
+        "–"
+        if row.n == 0
+        else number(row.mean, decimals)
+        if row.n == 1
+        else f"{number(row.mean, decimals)} {pm} {number(row.std, decimals)}"
+    )
     return text + (f" [diverged {row.diverged}]" if row.diverged else "")
 
 
 def wide(table: pd.DataFrame, *, pm: str = "±") -> pd.DataFrame:
     """One metric's cells as rows (data, model, arm[, setting]) x columns, then `n`."""
     decimals = DECIMALS.get(table["metric"].iloc[0], 2)
-    table = table.assign(column=[column_label(*k) for k in zip(table.method, table.pattern, table.sparsity)],
-                         text=[cell_text(r, decimals, pm) for r in table.itertuples()])  # fmt: skip
+    table = table.assign(
+        column=[column_label(*k) for k in zip(table.method, table.pattern, table.sparsity)],
+        text=[cell_text(r, decimals, pm) for r in table.itertuples()],
+    )
     several = table.groupby(["data", "model", "arm"])["signature"].nunique().max() > 1
     index = ["data", "model", "arm"] + (["signature"] if several else [])
     columns = list(dict.fromkeys(table["column"]))
@@ -133,7 +154,9 @@ def markdown(frame: pd.DataFrame, right: int | None = None) -> str:
     right = len(frame.columns) - 1 if right is None else right
     left = len(frame.columns) - right
     lines = ["| " + " | ".join(map(str, frame.columns)) + " |", "|" + "|".join(["---"] * left + ["---:"] * right) + "|"]
-    lines += ["| " + " | ".join(str(v).replace("|", "\\|") for v in row) + " |" for row in frame.itertuples(index=False)]
+    lines += [
+        "| " + " | ".join(str(v).replace("|", "\\|") for v in row) + " |" for row in frame.itertuples(index=False)
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -141,6 +164,11 @@ def latex(frame: pd.DataFrame, *, caption: str, label: str, right: int) -> str:
     """A booktabs table (\\usepackage{booktabs}) by pandas."""
     frame = frame.rename(columns=lambda c: str(c).replace("%", r"\%"))
     text = frame.map(lambda v: str(v).replace("%", r"\%").replace("_", r"\_").replace("±", r"$\pm$")).to_latex(
-        index=False, escape=False, column_format="l" * (len(frame.columns) - right) + "r" * right,
-        caption=caption.replace("%", r"\%"), label=label, position="t")  # fmt: skip
+        index=False,
+        escape=False,
+        column_format="l" * (len(frame.columns) - right) + "r" * right,
+        caption=caption.replace("%", r"\%"),
+        label=label,
+        position="t",
+    )
     return text.replace("\\begin{table}[t]\n", "\\begin{table}[t]\n\\centering\n", 1)

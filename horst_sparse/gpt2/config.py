@@ -11,8 +11,14 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig
 
 import pruning
-
-from horst_sparse.training.config import ConfigError, RunConfig, check_known_keys, require, validate_run, validate_sparsities
+from horst_sparse.training.config import (
+    ConfigError,
+    RunConfig,
+    check_known_keys,
+    require,
+    validate_run,
+    validate_sparsities,
+)
 from horst_sparse.training.distributed import STRATEGIES
 from horst_sparse.training.optim import check_optimizer
 from horst_sparse.training.presets import register_help
@@ -34,7 +40,9 @@ class GPT2ModelConfig:
 class LMDataConfig:
     name: str = MISSING  # pydoc: embedded, tokenized on first use; otherwise a prepared folder
     dir: str = MISSING
-    vocabulary: str = MISSING  # full: GPT-2's 50257 tokens | corpus: the compact vocabulary of the corpus (docs/design.md §5)
+    vocabulary: str = (
+        MISSING  # full: GPT-2's 50257 tokens | corpus: the compact vocabulary of the corpus (docs/design.md §5)
+    )
 
 
 @dataclasses.dataclass
@@ -117,7 +125,10 @@ def validate(cfg: DictConfig, *, world_size: int) -> None:
             "distributed=fsdp2 shards the model over processes and this run has one; launch it with "
             "torchrun --nproc_per_node=N (N >= 2), or use distributed=ddp",
         )
-        require(not cfg.compile, "compile=true is not supported with distributed=fsdp2; use compile=false or distributed=ddp")
+        require(
+            not cfg.compile,
+            "compile=true is not supported with distributed=fsdp2; use compile=false or distributed=ddp",
+        )
     for key in ("n_layer", "n_head", "n_embd", "n_positions"):
         require(m[key] > 0, f"model.{key}={m[key]} must be positive")
     require(m.n_embd % m.n_head == 0, f"model.n_embd={m.n_embd} must be divisible by model.n_head={m.n_head}")
@@ -147,9 +158,14 @@ def validate(cfg: DictConfig, *, world_size: int) -> None:
         require(t[key] >= 0, f"train.{key}={t[key]} must be >= 0")
     require(t.keep_checkpoints >= 1, f"train.keep_checkpoints={t.keep_checkpoints} must be >= 1")
     require(cfg.eval.batch_size > 0, f"eval.batch_size={cfg.eval.batch_size} must be positive")
-    require(len(cfg.prune.sparsities) > 0, "prune.sparsities is empty; list at least one (0.0 evaluates the dense model)")
+    require(
+        len(cfg.prune.sparsities) > 0, "prune.sparsities is empty; list at least one (0.0 evaluates the dense model)"
+    )
     validate_sparsities(cfg.prune.sparsities, key="prune.sparsities")
-    require(cfg.prune.scope in ("layerwise", "global"), f"prune.scope={cfg.prune.scope!r} is unknown; use layerwise or global")
+    require(
+        cfg.prune.scope in ("layerwise", "global"),
+        f"prune.scope={cfg.prune.scope!r} is unknown; use layerwise or global",
+    )
     validate_pruning(cfg.prune, cfg.export, n_embd=m.n_embd)
 
 
@@ -169,5 +185,7 @@ def validate_pruning(p: DictConfig, e: DictConfig, *, n_embd: int) -> None:
             f"{key} has {pattern!r}: groups of {nm and nm[1]} must tile model.n_embd={n_embd} (every matrix's inputs)",
         )
     if "wanda" in p.methods or e.method == "wanda":
-        require(p.calibration_windows > 0, f"prune.calibration_windows={p.calibration_windows} must be positive for wanda")
+        require(
+            p.calibration_windows > 0, f"prune.calibration_windows={p.calibration_windows} must be positive for wanda"
+        )
     require(0 <= e.sparsity < 1, f"export.sparsity={e.sparsity} must be in [0, 1)")

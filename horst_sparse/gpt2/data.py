@@ -23,8 +23,8 @@ import functools
 import json
 import os
 import random
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 import torch
@@ -163,7 +163,6 @@ def prepare_pydoc(folder: str | os.PathLike) -> dict:
     topics come with the running Python (`meta.json` records its version and each split's
     topics), so another Python version can give other splits."""
     import platform
-
     from pydoc_data.topics import topics
 
     folder = Path(folder)
@@ -171,8 +170,15 @@ def prepare_pydoc(folder: str | os.PathLike) -> dict:
     names = sorted(topics)
     documents = dict(zip(names, encode_documents(topics[n] for n in names)))
     splits = pydoc_split({name: len(ids) for name, ids in documents.items()})
-    meta = {"dataset": "pydoc_data.topics", "python": platform.python_version(), "split": PYDOC_SPLIT,
-            "tokenizer": "gpt2", "eot": EOT, "dtype": "uint16", "documents": len(names)}  # fmt: skip
+    meta = {
+        "dataset": "pydoc_data.topics",
+        "python": platform.python_version(),
+        "split": PYDOC_SPLIT,
+        "tokenizer": "gpt2",
+        "eot": EOT,
+        "dtype": "uint16",
+        "documents": len(names),
+    }
     for split, chosen in splits.items():
         tokens = np.concatenate([np.asarray(documents[name], dtype=np.uint16) for name in chosen])
         write_tokens(folder / SPLIT_FILES[split], [tokens], len(tokens))
@@ -287,8 +293,10 @@ def check_run_vocabulary(run_dir: str | os.PathLike, vocabulary: np.ndarray | No
     id, for exports), or refuse, in one line, to continue a run with a different one (the
     model's embedding would not fit)."""
     path = Path(run_dir) / VOCABULARY_FILE
-    record = {"vocabulary": "full" if vocabulary is None else "corpus",
-              "gpt2_ids": None if vocabulary is None else vocabulary.tolist()}  # fmt: skip
+    record = {
+        "vocabulary": "full" if vocabulary is None else "corpus",
+        "gpt2_ids": None if vocabulary is None else vocabulary.tolist(),
+    }
     if path.is_file():
         if json.loads(path.read_text()) != record:
             raise RunError(
@@ -327,7 +335,9 @@ def compact_ids(tokens: np.ndarray, vocabulary: np.ndarray) -> np.ndarray:
             continue
         ended = bool(len(gpt2_ids)) and int(gpt2_ids[-1]) == EOT
         text = gpt2_tokenizer().decode(gpt2_ids[:-1] if ended else gpt2_ids)
-        documents.append(np.array(tokenizer(text, split_special_tokens=True)["input_ids"] + [int(compact[EOT])] * ended))
+        documents.append(
+            np.array(tokenizer(text, split_special_tokens=True)["input_ids"] + [int(compact[EOT])] * ended)
+        )
     return np.concatenate(documents).astype(np.uint16)
 
 
@@ -353,6 +363,8 @@ def load_data(data_cfg, *, context: int, is_main: bool, eval_split: str = "valid
         return LMData(train, val, test)
     vocabulary = corpus_vocabulary(train)
     return LMData(
-        compact_ids(train, vocabulary), compact_ids(val, vocabulary),
-        None if test is None else compact_ids(test, vocabulary), vocabulary,
-    )  # fmt: skip
+        compact_ids(train, vocabulary),
+        compact_ids(val, vocabulary),
+        None if test is None else compact_ids(test, vocabulary),
+        vocabulary,
+    )

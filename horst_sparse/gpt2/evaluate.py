@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 
 import pruning
-from horst_sparse.training.distributed import all_reduce_sum
 from horst_sparse.gpt2.data import RandomWindows
+from horst_sparse.training.distributed import all_reduce_sum
 from horst_sparse.training.env import autocast
 
 
@@ -116,9 +116,14 @@ def prune_copy(
     weights = pruning.prunable_parameters(pruned, preset)
     if pattern != "dense" and (pattern != pruning.UNSTRUCTURED or sparsity > 0):
         pruning.one_shot_prune_(
-            weights, method=method, pattern=pattern, sparsity=sparsity, scope=scope,
-            dim=pruning.input_dims(pruned, weights), input_norms=norms,
-        )  # fmt: skip
+            weights,
+            method=method,
+            pattern=pattern,
+            sparsity=sparsity,
+            scope=scope,
+            dim=pruning.input_dims(pruned, weights),
+            input_norms=norms,
+        )
     return pruned
 
 
@@ -181,21 +186,40 @@ def one_shot_pruning(
             calibration_tokens, context=context, windows=prune_cfg.calibration_windows, seed=prune_cfg.calibration_seed
         )
         norms = input_norms(model, pruning.prunable_parameters(model, prune_cfg.preset), batches)
-        calibration = {"split": "train", "windows": prune_cfg.calibration_windows, "context": context,
-                       "tokens": prune_cfg.calibration_windows * context, "seed": prune_cfg.calibration_seed,
-                       "activations": "of the dense model, one pass"}  # fmt: skip
+        calibration = {
+            "split": "train",
+            "windows": prune_cfg.calibration_windows,
+            "context": context,
+            "tokens": prune_cfg.calibration_windows * context,
+            "seed": prune_cfg.calibration_seed,
+            "activations": "of the dense model, one pass",
+        }
     results = []
     for method, pattern, sparsity in one_shot_plan(prune_cfg):
         before_each()
-        pruned = prune_copy(model, preset=prune_cfg.preset, method=method, pattern=pattern, sparsity=sparsity,
-                            scope=prune_cfg.scope, norms=norms)  # fmt: skip
+        pruned = prune_copy(
+            model,
+            preset=prune_cfg.preset,
+            method=method,
+            pattern=pattern,
+            sparsity=sparsity,
+            scope=prune_cfg.scope,
+            norms=norms,
+        )
         val = evaluate(pruned)
         measured = pruning.sparsity_stats(pruning.prunable_parameters(pruned, prune_cfg.preset))["overall"]
-        results.append({
-            "label": result_label(method, pattern, sparsity), "method": method, "pattern": pattern,
-            "comparison": comparison(method, pattern, prune_cfg.scope), "sparsity": sparsity,
-            "measured_sparsity": measured, "val_loss": val["loss"], "ppl": val["ppl"],
-        })  # fmt: skip
+        results.append(
+            {
+                "label": result_label(method, pattern, sparsity),
+                "method": method,
+                "pattern": pattern,
+                "comparison": comparison(method, pattern, prune_cfg.scope),
+                "sparsity": sparsity,
+                "measured_sparsity": measured,
+                "val_loss": val["loss"],
+                "ppl": val["ppl"],
+            }
+        )
         after_each(results[-1])
         del pruned
     return {
@@ -213,8 +237,12 @@ def one_shot_pruning(
 
 
 def perplexity_table(results: list[dict], *, title: str) -> str:
-    lines = [title, "", "| method | pattern | sparsity | measured sparsity | loss | perplexity |",
-             "|---|---|---:|---:|---:|---:|"]  # fmt: skip
+    lines = [
+        title,
+        "",
+        "| method | pattern | sparsity | measured sparsity | loss | perplexity |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
     for r in results:
         lines.append(
             f"| {r['method']} | {r['pattern']} | {r['sparsity']:.2f} | {r['measured_sparsity']:.4f} | "

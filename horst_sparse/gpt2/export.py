@@ -17,11 +17,11 @@ from typing import Any
 import torch
 
 import pruning
-from horst_sparse.training.config import RunError
-from horst_sparse.training.export import RunFolder, commits, optimizer_line
 from horst_sparse.gpt2.data import corpus_tokenizer, gpt2_tokenizer, load_data, read_run_vocabulary
 from horst_sparse.gpt2.evaluate import calibration_batches, comparison, evaluate_lm, input_norms, prune_copy
 from horst_sparse.gpt2.model import VOCAB_SIZE, build_model
+from horst_sparse.training.config import RunError
+from horst_sparse.training.export import RunFolder, commits, optimizer_line
 
 
 def export_gpt2(
@@ -52,28 +52,51 @@ def export_gpt2(
         if calibration_tokens is None:
             raise ValueError("a Wanda export needs the training tokens for calibration")
         batches = calibration_batches(
-            calibration_tokens, context=cfg.model.n_positions, windows=cfg.prune.calibration_windows,
+            calibration_tokens,
+            context=cfg.model.n_positions,
+            windows=cfg.prune.calibration_windows,
             seed=cfg.prune.calibration_seed,
-        )  # fmt: skip
+        )
         norms = input_norms(model, pruning.prunable_parameters(model, cfg.prune.preset), batches)
-    pruned = prune_copy(model, preset=cfg.prune.preset, method=method, pattern=pattern, sparsity=sparsity,
-                        scope=cfg.prune.scope, norms=norms)  # fmt: skip
+    pruned = prune_copy(
+        model,
+        preset=cfg.prune.preset,
+        method=method,
+        pattern=pattern,
+        sparsity=sparsity,
+        scope=cfg.prune.scope,
+        norms=norms,
+    )
     weights = pruning.prunable_parameters(pruned, cfg.prune.preset)
     row = _matching_row(evaluation, method, pattern, sparsity)
     if row is None:
         val = evaluate(pruned)
-        metrics = {"val_loss": val["loss"], "ppl": val["ppl"], "tokens": val["tokens"], "windows": val["windows"],
-                   "context": val["context"], "source": "evaluated at export"}  # fmt: skip
+        metrics = {
+            "val_loss": val["loss"],
+            "ppl": val["ppl"],
+            "tokens": val["tokens"],
+            "windows": val["windows"],
+            "context": val["context"],
+            "source": "evaluated at export",
+        }
     else:
-        metrics = {"val_loss": row["val_loss"], "ppl": row["ppl"], "tokens": evaluation["tokens"],
-                   "windows": evaluation["windows"], "context": evaluation["context"],
-                   "source": "the run's one-shot evaluation"}  # fmt: skip
+        metrics = {
+            "val_loss": row["val_loss"],
+            "ppl": row["ppl"],
+            "tokens": evaluation["tokens"],
+            "windows": evaluation["windows"],
+            "context": evaluation["context"],
+            "source": "the run's one-shot evaluation",
+        }
     facts = {
         "dir": str(Path(out)),
         "format": "transformers (GPT2LMHeadModel, safetensors) + GPT-2 tokenizer",
-        "vocabulary": "GPT-2's 50257 tokens" if vocabulary is None else (
+        "vocabulary": "GPT-2's 50257 tokens"
+        if vocabulary is None
+        else (
             f"the {len(vocabulary):,} tokens of the training corpus's compact vocabulary (GPT-2's BPE segmentation, "
-            "renumbered; its tokenizer is GPT-2's restricted to them)"),
+            "renumbered; its tokenizer is GPT-2's restricted to them)"
+        ),
         "method": method,
         "pattern": pattern,
         "sparsity": sparsity,
@@ -96,13 +119,22 @@ def _matching_row(evaluation: dict | None, method: str, pattern: str, sparsity: 
         if abs(row["sparsity"] - sparsity) > 1e-12:
             continue
         # Rows of runs before methods and patterns existed are magnitude, unstructured.
-        if row.get("pattern") == "dense" or (row.get("method", "magnitude"), row.get("pattern", "unstructured")) == (method, pattern):
+        if row.get("pattern") == "dense" or (row.get("method", "magnitude"), row.get("pattern", "unstructured")) == (
+            method,
+            pattern,
+        ):
             return row
     return None
 
 
-def export_run(run: RunFolder, out: str | Path, *, sparsity: float | None, method: str = "magnitude",
-               pattern: str = pruning.UNSTRUCTURED) -> dict[str, Any]:  # fmt: skip
+def export_run(
+    run: RunFolder,
+    out: str | Path,
+    *,
+    sparsity: float | None,
+    method: str = "magnitude",
+    pattern: str = pruning.UNSTRUCTURED,
+) -> dict[str, Any]:
     """Rebuild the trained model of a finished GPT-2 run from its last checkpoint and export
     it pruned (`method`, `pattern`, `sparsity` for unstructured). Its perplexity is the
     run's recorded one when the run evaluated that row, else it is evaluated on the run's
@@ -111,13 +143,17 @@ def export_run(run: RunFolder, out: str | Path, *, sparsity: float | None, metho
     if sparsity is None and pattern == pruning.UNSTRUCTURED:
         raise RunError("a GPT-2 export needs --sparsity (e.g. 0.5) or an n:m --pattern (e.g. 2:4)")
     if cfg.train.max_steps != state["step"] or not summary:
-        raise RunError(f"{run_dir} is not a finished run (checkpoint at step {state['step']} of {cfg.train.max_steps}, "
-                       f"summary.json {'present' if summary else 'missing'}); finish it first")  # fmt: skip
+        raise RunError(
+            f"{run_dir} is not a finished run (checkpoint at step {state['step']} of {cfg.train.max_steps}, "
+            f"summary.json {'present' if summary else 'missing'}); finish it first"
+        )
     vocabulary = read_run_vocabulary(run_dir)
     vocab_size = state["model"]["transformer.wte.weight"].shape[0]
     if vocab_size != (VOCAB_SIZE if vocabulary is None else len(vocabulary)):
-        raise RunError(f"{run_dir}: the model has {vocab_size} tokens but the run folder's vocabulary.json is missing or "
-                       "does not match it; the tokenizer cannot be written without it")  # fmt: skip
+        raise RunError(
+            f"{run_dir}: the model has {vocab_size} tokens but the run folder's vocabulary.json is missing or "
+            "does not match it; the tokenizer cannot be written without it"
+        )
     model = build_model(cfg.model, vocab_size=vocab_size)
     model.load_state_dict(state["model"])
     model.eval()
@@ -128,20 +164,37 @@ def export_run(run: RunFolder, out: str | Path, *, sparsity: float | None, metho
         if not data:
             loaded = load_data(cfg.data, context=context, is_main=True)
             if loaded.vocab_size != model.config.vocab_size:
-                raise RunError(f"{cfg.data.dir} gives a {loaded.vocab_size}-token vocabulary, the run's model has "
-                               f"{model.config.vocab_size}; export with the data the run was trained on")  # fmt: skip
+                raise RunError(
+                    f"{cfg.data.dir} gives a {loaded.vocab_size}-token vocabulary, the run's model has "
+                    f"{model.config.vocab_size}; export with the data the run was trained on"
+                )
             data["train"], data["val"] = loaded.train, loaded.val
         return data
 
     def evaluate(m):
-        return evaluate_lm(m, tokens()["val"], context=context, batch_size=cfg.eval.batch_size,
-                           device=torch.device("cpu"), max_windows=cfg.eval.max_windows)  # fmt: skip
+        return evaluate_lm(
+            m,
+            tokens()["val"],
+            context=context,
+            batch_size=cfg.eval.batch_size,
+            device=torch.device("cpu"),
+            max_windows=cfg.eval.max_windows,
+        )
 
     return export_gpt2(
-        model, cfg, out, sparsity=sparsity if sparsity is not None else 0.0, method=method, pattern=pattern,
-        evaluate=evaluate, calibration_tokens=tokens()["train"] if method == "wanda" else None,
-        evaluation=summary.get("pruning"), summary=summary, vocabulary=vocabulary,
-    )  # fmt: skip
+        model,
+        cfg,
+        out,
+        sparsity=sparsity if sparsity is not None else 0.0,
+        method=method,
+        pattern=pattern,
+        evaluate=evaluate,
+        calibration_tokens=tokens()["train"] if method == "wanda" else None,
+        evaluation=summary.get("pruning"),
+        summary=summary,
+        vocabulary=vocabulary,
+    )
+
 
 # ---- model card ------------------------------------------------------------------------------
 
@@ -153,10 +206,10 @@ def _gpt2_card(cfg, facts: dict, summary: dict) -> str:
     return f"""---
 library_name: transformers
 pipeline_tag: text-generation
-tags: [gpt2, sparse, pruned, {facts['method']}, {'unstructured' if pattern == 'unstructured' else 'semi-structured'}]
+tags: [gpt2, sparse, pruned, {facts["method"]}, {"unstructured" if pattern == "unstructured" else "semi-structured"}]
 ---
 
-# GPT-2 ({cfg.model.name}), {facts['method']} pruning, {pattern}, {facts['sparsity']:.0%}
+# GPT-2 ({cfg.model.name}), {facts["method"]} pruning, {pattern}, {facts["sparsity"]:.0%}
 
 A GPT-2 trained with the HORST repository's pipeline (`train_gpt2.py`) and pruned one-shot
 (no retraining) after training.
@@ -165,11 +218,11 @@ A GPT-2 trained with the HORST repository's pipeline (`train_gpt2.py`) and prune
 |---|---|
 | optimizer | {optimizer_line(cfg)}, lr={cfg.train.lr} |
 | model | {cfg.model.name}: {cfg.model.n_layer} layers, width {cfg.model.n_embd}, {cfg.model.n_head} heads, context {cfg.model.n_positions} |
-| vocabulary | {facts['vocabulary']} |
-| training data | {cfg.data.name} ({data.get('train_tokens', '?')} training tokens; {train.get('tokens_trained', '?')} tokens trained over {train.get('steps', '?')} updates), seed {cfg.seed} |
-| pruning | {facts['method']}, pattern {pattern} ({facts['comparison']}), of the block matrices (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj); embeddings, norms and biases dense |
-| sparsity | target {facts['sparsity']:.4f}, measured {facts['measured_sparsity']:.4f} of the block matrices (exact zeros) |
-| validation | loss {facts['val_loss']:.4f}, perplexity {facts['ppl']:.2f} on {facts['tokens']:,} tokens of {cfg.data.name}'s validation split in {facts['windows']} non-overlapping windows of {facts['context']} ({facts['source']}) |
+| vocabulary | {facts["vocabulary"]} |
+| training data | {cfg.data.name} ({data.get("train_tokens", "?")} training tokens; {train.get("tokens_trained", "?")} tokens trained over {train.get("steps", "?")} updates), seed {cfg.seed} |
+| pruning | {facts["method"]}, pattern {pattern} ({facts["comparison"]}), of the block matrices (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj); embeddings, norms and biases dense |
+| sparsity | target {facts["sparsity"]:.4f}, measured {facts["measured_sparsity"]:.4f} of the block matrices (exact zeros) |
+| validation | loss {facts["val_loss"]:.4f}, perplexity {facts["ppl"]:.2f} on {facts["tokens"]:,} tokens of {cfg.data.name}'s validation split in {facts["windows"]} non-overlapping windows of {facts["context"]} ({facts["source"]}) |
 | provenance | {commits(summary)} |
 
 ```python
@@ -178,5 +231,5 @@ model = GPT2LMHeadModel.from_pretrained("PATH")
 tokenizer = AutoTokenizer.from_pretrained("PATH")
 ```
 
-The weights are stored dense (float32, zeros included). {'The 2:4 pattern runs on sparse tensor cores after `pruning.to_semi_structured_(model.half().cuda())` (Ampere or newer GPU).' if pattern == '2:4' else ''}
+The weights are stored dense (float32, zeros included). {"The 2:4 pattern runs on sparse tensor cores after `pruning.to_semi_structured_(model.half().cuda())` (Ampere or newer GPU)." if pattern == "2:4" else ""}
 """

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from horst_sparse.gpt2 import export
 from horst_sparse.gpt2.config import register_configs, validate
@@ -27,15 +28,23 @@ def numbers(config: Mapping[str, Any], summary: Mapping[str, Any] | None) -> lis
     """Perplexity of the dense model and after each one-shot pruning the run evaluated (a failed
     run: magnitude pruning at its sparsities, as planned)."""
     if summary is None:
-        results = [{"sparsity": s, "method": "magnitude", "pattern": "unstructured"} for s in config["prune"]["sparsities"]]
+        results = [
+            {"sparsity": s, "method": "magnitude", "pattern": "unstructured"} for s in config["prune"]["sparsities"]
+        ]
     else:
         results = summary["pruning"]["results"]
     rows = []
     for r in results:
         dense = float(r["sparsity"]) == 0.0 or r.get("pattern") == "dense"
-        rows.append({"metric": "ppl", "method": "none" if dense else r.get("method", "magnitude"),
-                     "pattern": "dense" if dense else r.get("pattern", "unstructured"), "sparsity": float(r["sparsity"]),
-                     "value": r.get("ppl")})  # fmt: skip
+        rows.append(
+            {
+                "metric": "ppl",
+                "method": "none" if dense else r.get("method", "magnitude"),
+                "pattern": "dense" if dense else r.get("pattern", "unstructured"),
+                "sparsity": float(r["sparsity"]),
+                "value": r.get("ppl"),
+            }
+        )
     return rows
 
 
@@ -43,8 +52,11 @@ def pruned_perplexity(summary: Mapping[str, Any]) -> float:
     """The geometric mean of the validation perplexities after one-shot magnitude pruning at
     PRUNED_SPARSITIES' range (inf where one is not finite)."""
     low, high = PRUNED_SPARSITIES
-    rows = [r for r in summary["pruning"]["results"] if r["method"] == "magnitude" and r["pattern"] == "unstructured"
-            and low - 1e-9 <= r["sparsity"] <= high + 1e-9]  # fmt: skip
+    rows = [
+        r
+        for r in summary["pruning"]["results"]
+        if r["method"] == "magnitude" and r["pattern"] == "unstructured" and low - 1e-9 <= r["sparsity"] <= high + 1e-9
+    ]
     if not rows:
         raise ConfigError(f"prune.sparsities has no unstructured sparsity in [{low}, {high}]: nothing to score")
     ppls = [r["ppl"] for r in rows]  # summary.json writes a non-finite perplexity as null
@@ -62,8 +74,11 @@ PIPELINE = Pipeline(
     validate=validate,
     check_data=check_data,
     numbers=numbers,
-    tuning=TuningScore("geometric-mean validation perplexity after one-shot magnitude pruning at 50-90 %", "minimize",
-                       pruned_perplexity),  # fmt: skip
+    tuning=TuningScore(
+        "geometric-mean validation perplexity after one-shot magnitude pruning at 50-90 %",
+        "minimize",
+        pruned_perplexity,
+    ),
     export=export.export_run,
     export_format="hf",
     recipe_group="gpt2_recipe",

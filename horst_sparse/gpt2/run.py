@@ -16,13 +16,13 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 import pruning
-from horst_sparse.training.distributed import all_reduce_mean, gradient_sync, parallelize, unsharded
-from horst_sparse.training.env import autocast, peak_flops
-from horst_sparse.gpt2.export import export_gpt2
 from horst_sparse.gpt2.config import validate
 from horst_sparse.gpt2.data import RandomWindows, check_run_vocabulary, load_data
 from horst_sparse.gpt2.evaluate import evaluate_lm, one_shot_pruning, perplexity_table
+from horst_sparse.gpt2.export import export_gpt2
 from horst_sparse.gpt2.model import build_model, flops_per_token
+from horst_sparse.training.distributed import all_reduce_mean, gradient_sync, parallelize, unsharded
+from horst_sparse.training.env import autocast, peak_flops
 from horst_sparse.training.optim import build_optimizer
 from horst_sparse.training.run_log import optimizer_label, progress_bar
 from horst_sparse.training.runner import Run
@@ -36,9 +36,13 @@ MAY_CHANGE_ON_RESUME = ("eval_split", "eval", "prune")
 def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
     """Train, prune and evaluate as `cfg` says, writing into `run_dir`; returns the summary."""
     r = Run(
-        cfg, run_dir, validate=validate, pipeline="gpt2", title=f"{cfg.model.name} {optimizer_label(cfg.optimizer)} seed{cfg.seed}",
+        cfg,
+        run_dir,
+        validate=validate,
+        pipeline="gpt2",
+        title=f"{cfg.model.name} {optimizer_label(cfg.optimizer)} seed{cfg.seed}",
         tags=[cfg.optimizer.name, cfg.model.name, f"{cfg.data.name}"],
-    )  # fmt: skip
+    )
     dist, device, t = r.dist, r.device, cfg.train
 
     context = cfg.model.n_positions
@@ -53,16 +57,22 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
 
     model = build()
     # ddp: `train_model` wraps `model`; fsdp2: both are `model`, its weights sharded in place (before the optimizer).
-    train_model = parallelize(model, cfg.distributed, info=dist, device=device, compile=cfg.compile, blocks=model.transformer.h)
+    train_model = parallelize(
+        model, cfg.distributed, info=dist, device=device, compile=cfg.compile, blocks=model.transformer.h
+    )
     prunable = pruning.prunable_parameters(model, cfg.prune.preset)
     optimizer = build_optimizer(cfg.optimizer, model, lr=t.lr, prunable_names=prunable.keys())
     scheduler = build_lr_scheduler(
         optimizer, total_steps=t.max_steps, warmup_steps=t.warmup_steps, min_lr=t.min_lr, warmup_lr=t.warmup_lr
     )
     state = r.restore(
-        model=model, optimizer=optimizer, scheduler=scheduler, generators={"batches": batches.generator}, lr=t.lr,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        generators={"batches": batches.generator},
+        lr=t.lr,
         may_change=MAY_CHANGE_ON_RESUME,
-    )  # fmt: skip
+    )
     step, train_loss = (state["step"], state["train_loss"]) if state else (0, float("nan"))
     step_loss = torch.full((), train_loss, device=device)  # the last update's loss, all-reduced, on the device
 
@@ -73,9 +83,16 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
 
     def evaluate(m: torch.nn.Module, max_windows: int | None, tokens=val_tokens) -> dict:
         return evaluate_lm(
-            m, tokens, context=context, batch_size=cfg.eval.batch_size, device=device, dtype=r.dtype,
-            rank=dist.rank, world_size=dist.world_size, max_windows=max_windows,
-        )  # fmt: skip
+            m,
+            tokens,
+            context=context,
+            batch_size=cfg.eval.batch_size,
+            device=device,
+            dtype=r.dtype,
+            rank=dist.rank,
+            world_size=dist.world_size,
+            max_windows=max_windows,
+        )
 
     # ---- training ------------------------------------------------------------------------
     model.train()
@@ -114,14 +131,20 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
             train_loss = step_loss.item()
             seconds = train_seconds / (step - logged_step)  # per update since the last log
             train_seconds, logged_step = 0.0, step
-            metrics = {"train/loss": train_loss, "train/lr": lr, "train/tokens": step * tokens_per_step,
-                       "perf/tokens_per_s": tokens_per_step / seconds}  # fmt: skip
+            metrics = {
+                "train/loss": train_loss,
+                "train/lr": lr,
+                "train/tokens": step * tokens_per_step,
+                "perf/tokens_per_s": tokens_per_step / seconds,
+            }
             if grad_norm is not None:
                 metrics["train/grad_norm"] = grad_norm.item()
             if peak:
                 metrics["perf/mfu"] = flops / seconds / (peak * dist.world_size)
             r.log.log(metrics, step=step)
-            bar.set_postfix(loss=f"{train_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_step / seconds:,.0f}", refresh=False)
+            bar.set_postfix(
+                loss=f"{train_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_step / seconds:,.0f}", refresh=False
+            )
         if t.eval_interval and (step % t.eval_interval == 0 or step == t.max_steps):
             val = evaluate(unsharded(model, build), max_windows=t.eval_windows)
             r.log.log({"val/loss": val["loss"], "val/ppl": val["ppl"]}, step=step)
@@ -149,17 +172,35 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
         return evaluate(m, max_windows=cfg.eval.max_windows, tokens=eval_tokens)
 
     evaluation = one_shot_pruning(
-        model, cfg.prune, evaluate_final, calibration_tokens=train_tokens, before_each=stop_if_preempted,
-        after_each=lambda row: r.is_main and tqdm.write(
-            f"one-shot {row['method']} {row['pattern']} at {row['sparsity']:g}: {cfg.eval_split} perplexity {row['ppl']:.2f}"
+        model,
+        cfg.prune,
+        evaluate_final,
+        calibration_tokens=train_tokens,
+        before_each=stop_if_preempted,
+        after_each=lambda row: (
+            r.is_main
+            and tqdm.write(
+                f"one-shot {row['method']} {row['pattern']} at {row['sparsity']:g}: {cfg.eval_split} perplexity {row['ppl']:.2f}"
+            )
         ),
-    )  # fmt: skip
+    )
     evaluation["eval_split"] = cfg.eval_split
     for p in evaluation["results"]:  # the JSONL record; W&B gets them as one table and a plot
-        r.log.log({f"prune/ppl@{p['label']}": p["ppl"], f"prune/loss@{p['label']}": p["val_loss"],
-                   "prune/eval_split": cfg.eval_split}, step=step, to_wandb=False)  # fmt: skip
-    r.log.log_table("prune/perplexity", evaluation["results"], step=step,
-                    plot=("sparsity", "ppl", f"{cfg.eval_split} perplexity after one-shot pruning"))  # fmt: skip
+        r.log.log(
+            {
+                f"prune/ppl@{p['label']}": p["ppl"],
+                f"prune/loss@{p['label']}": p["val_loss"],
+                "prune/eval_split": cfg.eval_split,
+            },
+            step=step,
+            to_wandb=False,
+        )
+    r.log.log_table(
+        "prune/perplexity",
+        evaluation["results"],
+        step=step,
+        plot=("sparsity", "ppl", f"{cfg.eval_split} perplexity after one-shot pruning"),
+    )
 
     opt = OmegaConf.to_container(cfg.optimizer, resolve=True)
     hyperparameters = ", ".join(f"{k}={v}" for k, v in opt.items() if k not in ("name", "_target_", "_partial_"))
@@ -214,10 +255,19 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
     if cfg.export.enabled:  # one pruned copy as a transformers folder with a model card (horst_sparse/gpt2/export.py)
         e = cfg.export
         exported = export_gpt2(
-            model, cfg, e.dir or r.run_dir / "export", sparsity=e.sparsity, method=e.method, pattern=e.pattern,
-            evaluate=evaluate_final, calibration_tokens=train_tokens,
-            evaluation=evaluation, summary=summary, write=r.is_main, vocabulary=data.vocabulary,
-        )  # fmt: skip
+            model,
+            cfg,
+            e.dir or r.run_dir / "export",
+            sparsity=e.sparsity,
+            method=e.method,
+            pattern=e.pattern,
+            evaluate=evaluate_final,
+            calibration_tokens=train_tokens,
+            evaluation=evaluation,
+            summary=summary,
+            write=r.is_main,
+            vocabulary=data.vocabulary,
+        )
     if r.is_main:
         print(table)
         if cfg.export.enabled:

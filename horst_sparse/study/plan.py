@@ -30,9 +30,10 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import yaml
 
@@ -181,28 +182,39 @@ def launcher_lines(config: Any, cells: list[Cell]) -> list[str]:
     if "SlurmLauncher" in target:
         nodes, gpus = launcher.get("nodes", 1), launcher.get("gpus_per_node") or 0
         timeout_h = launcher.get("timeout_min", 0) / 60
-        lines.append(f"  one SLURM job array of {len(cells)} jobs (at most {launcher.get('array_parallelism')} at once); "
-                     f"each job {nodes} node(s) x {gpus} GPU(s), {launcher.get('tasks_per_node')} task(s) per node, "
-                     f"time limit {timeout_h:g} h, requeued up to {launcher.get('max_num_timeout')} times on time-out; "
-                     f"partition {launcher.get('partition')}, account {launcher.get('account')} "
-                     "(set with hydra.launcher.partition=... hydra.launcher.account=...)")  # fmt: skip
+        lines.append(
+            f"  one SLURM job array of {len(cells)} jobs (at most {launcher.get('array_parallelism')} at once); "
+            f"each job {nodes} node(s) x {gpus} GPU(s), {launcher.get('tasks_per_node')} task(s) per node, "
+            f"time limit {timeout_h:g} h, requeued up to {launcher.get('max_num_timeout')} times on time-out; "
+            f"partition {launcher.get('partition')}, account {launcher.get('account')} "
+            "(set with hydra.launcher.partition=... hydra.launcher.account=...)"
+        )
         per_job = nodes * gpus
         longest = max((c.gpu_hours_max for c in cells if c.gpu_hours_max is not None), default=None)
         if per_job and longest:
             wall = longest / per_job
-            lines.append(f"  longest job: up to ~{_hours(wall)} h of wall-clock on {per_job} GPU(s) of the cost table's kind"
-                         + (f" = {math.ceil(wall / timeout_h)} time slots of {timeout_h:g} h (checkpoint and requeue)"
-                            if timeout_h and wall > timeout_h else ""))  # fmt: skip
+            lines.append(
+                f"  longest job: up to ~{_hours(wall)} h of wall-clock on {per_job} GPU(s) of the cost table's kind"
+                + (
+                    f" = {math.ceil(wall / timeout_h)} time slots of {timeout_h:g} h (checkpoint and requeue)"
+                    if timeout_h and wall > timeout_h
+                    else ""
+                )
+            )
     elif "LocalLauncher" in target:
         lines.append(f"  submitit's local executor: {len(cells)} subprocesses on this machine")
     elif "JoblibLauncher" in target:
-        lines.append(f"  joblib: the {len(cells)} cells in {launcher.get('n_jobs')} processes side by side on this machine")
+        lines.append(
+            f"  joblib: the {len(cells)} cells in {launcher.get('n_jobs')} processes side by side on this machine"
+        )
     else:
         lines.append(f"  Hydra's basic launcher: the {len(cells)} cells one after another in this process")
     return lines
 
 
-def render(pipeline: Pipeline, config: Any, cells: list[Cell], command: Sequence[str], *, data_checked: bool = True) -> str:
+def render(
+    pipeline: Pipeline, config: Any, cells: list[Cell], command: Sequence[str], *, data_checked: bool = True
+) -> str:
     params = config.hydra.sweeper.get("params") or {}
     fixed = [o for o in (cells[0].overrides if cells else []) if o not in _varying(cells, cells[0])]
     lines = [
@@ -223,7 +235,14 @@ def render(pipeline: Pipeline, config: Any, cells: list[Cell], command: Sequence
         else:
             cost = f"{_range(cell.gpu_hours, cell.gpu_hours_max)} {cell.gpu}"
         mine = " ".join(_varying(cells, cell)) or "(none)"
-        rows.append((str(i), mine, str(cell.choices.get("experiment") or "(embedded default)"), cost + (f"  [{cell.note}]" if cell.note else "")))
+        rows.append(
+            (
+                str(i),
+                mine,
+                str(cell.choices.get("experiment") or "(embedded default)"),
+                cost + (f"  [{cell.note}]" if cell.note else ""),
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     lines += ["  " + "  ".join(r[i].ljust(widths[i]) for i in range(3)) + "  " + r[3] for r in rows]
     lines.append("")
@@ -238,8 +257,10 @@ def render(pipeline: Pipeline, config: Any, cells: list[Cell], command: Sequence
     total = " + ".join(f"{_range(low[gpu], high[gpu])} {gpu}-hours" for gpu in low) or "0 GPU-hours"
     if cpu:
         total += f" (and {len(cpu)} CPU runs, ~{sum(c.cpu_minutes for c in cpu):g} CPU-minutes)"
-    lines.append(f"total: {len(cells)} runs, {total} (estimate from configs/costs.yaml)"
-                 + (f"; {unknown} cells without a cost entry not counted" if unknown else ""))  # fmt: skip
+    lines.append(
+        f"total: {len(cells)} runs, {total} (estimate from configs/costs.yaml)"
+        + (f"; {unknown} cells without a cost entry not counted" if unknown else "")
+    )
     assumptions = list(dict.fromkeys(c.assumption for c in cells if c.assumption))
     if assumptions:
         lines.append("the range assumes:")
@@ -249,8 +270,9 @@ def render(pipeline: Pipeline, config: Any, cells: list[Cell], command: Sequence
     return "\n".join(lines)
 
 
-def plan(script: str | Path, overrides: Sequence[str], *, costs: Path = COSTS,
-         config_dir: Path = CONFIGS) -> tuple[Pipeline, Any, list[Cell]]:  # fmt: skip
+def plan(
+    script: str | Path, overrides: Sequence[str], *, costs: Path = COSTS, config_dir: Path = CONFIGS
+) -> tuple[Pipeline, Any, list[Cell]]:
     """(pipeline, base config, cells with their costs) of a multirun command line; the keys are
     checked for misspellings first (`horst_sparse.training.presets.misspelt_key`)."""
     from omegaconf import OmegaConf
@@ -277,12 +299,19 @@ def plan(script: str | Path, overrides: Sequence[str], *, costs: Path = COSTS,
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--costs", default=str(COSTS), help="cost table (default %(default)s)")
-    parser.add_argument("--no-data-check", action="store_true",
-                        help="skip the data-path checks (the data exist only where the jobs run, e.g. per-job staging)")  # fmt: skip
+    parser.add_argument(
+        "--no-data-check",
+        action="store_true",
+        help="skip the data-path checks (the data exist only where the jobs run, e.g. per-job staging)",
+    )
     parser.add_argument("script", help="a pipeline's entry point: " + ", ".join(p.script for p in every()))
-    parser.add_argument("overrides", nargs=argparse.REMAINDER, help="the multirun's arguments (Hydra overrides; -m optional)")
+    parser.add_argument(
+        "overrides", nargs=argparse.REMAINDER, help="the multirun's arguments (Hydra overrides; -m optional)"
+    )
     argv = list(sys.argv[1:] if argv is None else argv)
     own = [a for a in argv if a == "--no-data-check"]  # may follow the entry point, with the overrides
     args = parser.parse_args([*own, *(a for a in argv if a not in own)])

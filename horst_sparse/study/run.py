@@ -33,22 +33,40 @@ import subprocess
 import sys
 import tempfile
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import pandas as pd
 import yaml
 
 from horst_sparse.analysis.report import write_report
+from horst_sparse.analysis.runs import (
+    RECORD_COLUMNS,
+    UNRECORDED,
+    NoRunsError,
+    read_record,
+    scan,
+    signature,
+    signature_hash,
+    write_record,
+)
 from horst_sparse.compose import compose_in_context, hydra_context, sweep_jobs
 from horst_sparse.paths import CONFIGS, REPO
-from horst_sparse.pipeline import Pipeline, get as get_pipeline
-from horst_sparse.analysis.runs import RECORD_COLUMNS, UNRECORDED, NoRunsError, read_record, scan, signature, signature_hash, write_record
+from horst_sparse.pipeline import Pipeline
+from horst_sparse.pipeline import get as get_pipeline
 
 # What a run's numbers depend on: the libraries, the pipelines and their scaffolding, the configs
 # (not the results layer or the study's own code, which read numbers and write none).
-CODE = ("horst", "pruning", "horst_sparse", "configs", ":(exclude)horst_sparse/analysis", ":(exclude)horst_sparse/study")
+CODE = (
+    "horst",
+    "pruning",
+    "horst_sparse",
+    "configs",
+    ":(exclude)horst_sparse/analysis",
+    ":(exclude)horst_sparse/study",
+)
 # ... of which a run's signature (its composed config) holds all a run reads: a change there that
 # matters makes the run stale, one that does not (another pipeline's pick, a preset's sweep order,
 # a new arm) leaves it valid. (Not the recipes: one sets an environment variable, outside the config.)
@@ -87,8 +105,10 @@ def check_clean(repo: Path = REPO) -> None:
     """Refuse a tree with changes outside results/: every number must come from a commit."""
     changed = _git("status", "--porcelain", "--", ".", ":(exclude)results", repo=repo).splitlines()
     if changed:
-        raise StudyError(f"the working tree has uncommitted changes ({len(changed)} files, e.g. {changed[0][3:]}): "
-                         "commit or stash them, so every run records a commit that holds its code")  # fmt: skip
+        raise StudyError(
+            f"the working tree has uncommitted changes ({len(changed)} files, e.g. {changed[0][3:]}): "
+            "commit or stash them, so every run records a commit that holds its code"
+        )
 
 
 def check_provenance(commits: Sequence[str], repo: Path = REPO, reviewed: Path = REVIEWED) -> None:
@@ -105,16 +125,22 @@ def check_provenance(commits: Sequence[str], repo: Path = REPO, reviewed: Path =
             problems.append(f"{commit[:12]}-dirty: ran from a tree with uncommitted changes (its code is not recorded)")
             continue
         try:
-            files = _git("diff", "--name-only", commit, head, "--", *CODE, *(f":(exclude){p}" for p in SIGNED), repo=repo).split()
+            files = _git(
+                "diff", "--name-only", commit, head, "--", *CODE, *(f":(exclude){p}" for p in SIGNED), repo=repo
+            ).split()
         except subprocess.CalledProcessError:
             problems.append(f"{commit[:12]}: not a commit of this repository")
             continue
         files = [f for f in files if not _reviewed(f, commit, head, repo, reviewed)]
         if files:
-            problems.append(f"{commit[:12]}: its code differs from HEAD's in {len(files)} file(s): {', '.join(files[:5])}")
+            problems.append(
+                f"{commit[:12]}: its code differs from HEAD's in {len(files)} file(s): {', '.join(files[:5])}"
+            )
     if problems:
-        raise StudyError("the study's runs did not all run this commit's code; rerun them (delete their rows of "
-                         "runs.csv and their folders) or check out their commit:\n  " + "\n  ".join(problems))  # fmt: skip
+        raise StudyError(
+            "the study's runs did not all run this commit's code; rerun them (delete their rows of "
+            "runs.csv and their folders) or check out their commit:\n  " + "\n  ".join(problems)
+        )
 
 
 def _reviewed(path: str, commit: str, head: str, repo: Path, ledger: Path) -> bool:
@@ -138,7 +164,9 @@ def _preset(name: str, configs: Path = CONFIGS) -> dict[str, Any]:
     if not path.is_file():
         raise StudyError(f"no study preset {path}")
     own = yaml.safe_load(path.read_text())
-    bases = [_preset(entry, configs) for entry in own.get("defaults", []) if isinstance(entry, str) and entry != "_self_"]
+    bases = [
+        _preset(entry, configs) for entry in own.get("defaults", []) if isinstance(entry, str) and entry != "_self_"
+    ]
     return OmegaConf.to_container(OmegaConf.merge(*bases, own)) if bases else own
 
 
@@ -158,8 +186,10 @@ def _params(preset: str, extra: Sequence[str], configs: Path) -> dict[str, Any]:
     """The preset's sweep with the command line's overrides of its keys in place, as Hydra merges them."""
     params = _preset(preset, configs)["hydra"]["sweeper"]["params"]
     replaced = {_key(o): o.split("=", 1) for o in extra}
-    return {(replaced[_key(k)][0] if _key(k) in replaced else k): (replaced[_key(k)][1] if _key(k) in replaced else v)
-            for k, v in params.items()}  # fmt: skip
+    return {
+        (replaced[_key(k)][0] if _key(k) in replaced else k): (replaced[_key(k)][1] if _key(k) in replaced else v)
+        for k, v in params.items()
+    }
 
 
 def plan(presets: Sequence[str], extra: Sequence[str] = (), *, configs: Path = CONFIGS) -> list[Job]:
@@ -188,8 +218,19 @@ def plan(presets: Sequence[str], extra: Sequence[str] = (), *, configs: Path = C
                     folder = Path(config.hydra.sweep.dir) / str(config.hydra.sweep.subdir)
                     job = OmegaConf.to_container(config, resolve=True)
                     del job["hydra"]
-                    jobs.append(Job(pipeline.name, preset, overrides, seed, str(folder), str(config.hydra.sweep.dir),
-                                    signature_hash(job), job, config.hydra.runtime.choices[pipeline.recipe_group]))  # fmt: skip
+                    jobs.append(
+                        Job(
+                            pipeline.name,
+                            preset,
+                            overrides,
+                            seed,
+                            str(folder),
+                            str(config.hydra.sweep.dir),
+                            signature_hash(job),
+                            job,
+                            config.hydra.runtime.choices[pipeline.recipe_group],
+                        )
+                    )
         HydraConfig.instance().cfg = None  # set only to resolve the sweep folder: no job of this process runs
     return jobs
 
@@ -242,7 +283,9 @@ def multiruns(jobs: Sequence[Job], extra: Sequence[str] = ()) -> list[tuple[str,
         cells: dict[tuple[str, ...], list[int]] = defaultdict(list)
         for job in group:
             cells[job.overrides].append(job.seed)
-        commands += [(preset, [*overrides, f"seed={','.join(map(str, sorted(seeds)))}"]) for overrides, seeds in cells.items()]
+        commands += [
+            (preset, [*overrides, f"seed={','.join(map(str, sorted(seeds)))}"]) for overrides, seeds in cells.items()
+        ]
     return commands
 
 
@@ -284,21 +327,33 @@ def cost_table(frame: pd.DataFrame, jobs: Sequence[Job]) -> str:
     for pipeline, group in itertools.groupby(sorted(jobs, key=lambda j: j.pipeline), key=lambda j: j.pipeline):
         group = list(group)
         done = runs[runs.run.isin({j.run for j in group})]
-        tuned = {o: ((group[0].config["tuned"].get(o) or {}).get("provenance") or {}).get("trials")
-                 for o in sorted({j.config["optimizer"]["name"] for j in group})}  # fmt: skip
+        tuned = {
+            o: ((group[0].config["tuned"].get(o) or {}).get("provenance") or {}).get("trials")
+            for o in sorted({j.config["optimizer"]["name"] for j in group})
+        }
         trials = sum(t or 0 for t in tuned.values())
         side_by_side = _preset(group[0].preset).get("hydra", {}).get("launcher", {}).get("n_jobs", 1)
         median = done.wall_time_s.median() if not done.empty else math.nan
-        rows.append({"pipeline": pipeline, "runs done": f"{len(done)} of {len(group)}",
-                     "wall s a run (median)": median, "run time so far (h)": done.wall_time_s.sum() / 3600,
-                     "tuning trials": ", ".join(f"{o} {t if t else 'untuned'}" for o, t in tuned.items()),
-                     "runs side by side": side_by_side,
-                     "tuning + runs at that rate (h wall)": (len(group) + trials) * median / side_by_side / 3600})  # fmt: skip
+        rows.append(
+            {
+                "pipeline": pipeline,
+                "runs done": f"{len(done)} of {len(group)}",
+                "wall s a run (median)": median,
+                "run time so far (h)": done.wall_time_s.sum() / 3600,
+                "tuning trials": ", ".join(f"{o} {t if t else 'untuned'}" for o, t in tuned.items()),
+                "runs side by side": side_by_side,
+                "tuning + runs at that rate (h wall)": (len(group) + trials) * median / side_by_side / 3600,
+            }
+        )
     from horst_sparse.analysis import tables
 
     table = pd.DataFrame(rows)
-    for column, digits in (("wall s a run (median)", 0), ("run time so far (h)", 1), ("tuning + runs at that rate (h wall)", 1)):
-        table[column] = table[column].map(lambda v: "–" if math.isnan(v) else f"{v:.{digits}f}")
+    for column, digits in (
+        ("wall s a run (median)", 0),
+        ("run time so far (h)", 1),
+        ("tuning + runs at that rate (h wall)", 1),
+    ):
+        table[column] = table[column].map(lambda v, digits=digits: "–" if math.isnan(v) else f"{v:.{digits}f}")
 
     machine = ", ".join(sorted({machine_text(r) for r in runs.dropna(subset=["host"]).itertuples()})) or "not recorded"
     return tables.markdown(table, right=0) + f"\nMachine: {machine}.\n"
@@ -312,10 +367,12 @@ def readme(study: str, frame: pd.DataFrame, jobs: Sequence[Job], extra: Sequence
     folder = out.relative_to(REPO) if out.is_relative_to(REPO) else out
     default = {"demo": Path("outputs/demo"), "embedded": Path("results/embedded")}.get(study)
     flags = (" --demo" if study == "demo" else "") + (f" --out {folder}" if folder != default else "")
-    target = {" --demo": "make demo", " --demo --out results/demo": "make demo-reference", "": "make study"}.get(flags, "")
+    target = {" --demo": "make demo", " --demo --out results/demo": "make demo-reference", "": "make study"}.get(
+        flags, ""
+    )
     return f"""# The {study} study
 
-Written by `horst-study{flags}`{f' ({target})' if target else ''}:
+Written by `horst-study{flags}`{f" ({target})" if target else ""}:
 {len(frame.run.unique())} of {len(jobs)} planned runs, measured on the {split} split, from commit(s) {commits}
 ({hours:.1f} h of run time). The runs are the multiruns of the study's presets
 (configs/study/, arms in configs/arm/; each preset's header says what it runs and what was cut
@@ -345,7 +402,9 @@ def presets_of(study: str, pipelines: Sequence[str] | None = None, configs: Path
     names = sorted(f.stem for f in (configs / "study").glob(f"{study}_*.yaml"))
     presets = [n for n in names if pipelines is None or pipeline_of(n, configs).name in pipelines]
     if not presets:
-        raise StudyError(f"no preset configs/study/{study}_*.yaml" + (f" of {', '.join(pipelines)}" if pipelines else ""))
+        raise StudyError(
+            f"no preset configs/study/{study}_*.yaml" + (f" of {', '.join(pipelines)}" if pipelines else "")
+        )
     return presets
 
 
@@ -355,7 +414,7 @@ def check_budgets(jobs: Sequence[Job]) -> None:
     a BudgetError naming the arm otherwise)."""
     from horst_sparse.study.tuning import check_equal_budgets
 
-    for pipeline, group in itertools.groupby(sorted(jobs, key=lambda j: j.pipeline), key=lambda j: j.pipeline):
+    for _, group in itertools.groupby(sorted(jobs, key=lambda j: j.pipeline), key=lambda j: j.pipeline):
         group = list(group)
         optimizers = sorted({j.config["optimizer"]["name"] for j in group})
         check_equal_budgets(group[0].config["tuned"], optimizers, reporting_seeds=sorted({j.seed for j in group}))
@@ -376,11 +435,24 @@ def tunings(study: str, jobs: Sequence[Job], configs: Path = REPO / "configs") -
         trials, recipe = budget["trials"][pipeline], group[0].recipe
         for optimizer in sorted({j.config["optimizer"]["name"] for j in group}):
             record = (group[0].config["tuned"].get(optimizer) or {}).get("provenance") or {}
-            if (record.get("trials") == trials and record.get("eval_split") == EVAL_SPLIT
-                    and min(record.get("seeds") or [-1]) >= TUNING_SEEDS_START):  # fmt: skip
+            if (
+                record.get("trials") == trials
+                and record.get("eval_split") == EVAL_SPLIT
+                and min(record.get("seeds") or [-1]) >= TUNING_SEEDS_START
+            ):
                 continue
-            lines.append(["python", "scripts/tune.py", pipeline, optimizer, "--trials", str(trials),
-                          f"{pipeline}_recipe={recipe}", *budget["overrides"]])  # fmt: skip
+            lines.append(
+                [
+                    "python",
+                    "scripts/tune.py",
+                    pipeline,
+                    optimizer,
+                    "--trials",
+                    str(trials),
+                    f"{pipeline}_recipe={recipe}",
+                    *budget["overrides"],
+                ]
+            )
     return lines
 
 
@@ -401,12 +473,20 @@ def tune(lines: Sequence[list[str]]) -> None:
         print(f"$ {shlex.join(line)}", flush=True)
         if subprocess.call([sys.executable, *line[1:]], cwd=REPO, env=env):
             raise StudyError(f"the tuning `{shlex.join(line)}` failed (see above); fix it and run the study again")
-    raise StudyError(f"{len(lines)} arm(s) tuned: commit the picks (git add configs/tuned results/tuning && git commit), "
-                     "then run the study again; its runs must come from a commit that holds them")  # fmt: skip
+    raise StudyError(
+        f"{len(lines)} arm(s) tuned: commit the picks (git add configs/tuned results/tuning && git commit), "
+        "then run the study again; its runs must come from a commit that holds them"
+    )
 
 
-def run_study(study: str, *, extra: Sequence[str] = (), report_only: bool = False, out: Path | None = None,
-              pipelines: Sequence[str] | None = None) -> int:  # fmt: skip
+def run_study(
+    study: str,
+    *,
+    extra: Sequence[str] = (),
+    report_only: bool = False,
+    out: Path | None = None,
+    pipelines: Sequence[str] | None = None,
+) -> int:
     """Plan, check, launch what is missing, report into `out` (default results/<study>, whose
     runs.csv it resumes from). `pipelines` limits what is tuned and run, not what is reported: the
     record and the report always cover every preset of the study. 0 when every planned run finished."""
@@ -422,10 +502,12 @@ def run_study(study: str, *, extra: Sequence[str] = (), report_only: bool = Fals
     frame, folders = runs_of(every, record)
     problems = stale(every, frame, folders)
     if problems:
-        raise StudyError(f"{len(problems)} finished run(s) were made with other settings than this code composes for "
-                         "their job; their numbers are not this code's. Delete their folders and rows of "
-                         f"{record.relative_to(REPO) if record.is_relative_to(REPO) else record} to rerun them:\n  "
-                         + "\n  ".join(problems))  # fmt: skip
+        raise StudyError(
+            f"{len(problems)} finished run(s) were made with other settings than this code composes for "
+            "their job; their numbers are not this code's. Delete their folders and rows of "
+            f"{record.relative_to(REPO) if record.is_relative_to(REPO) else record} to rerun them:\n  "
+            + "\n  ".join(problems)
+        )
     done = set(frame.run)
     todo = [j for j in jobs if j.run not in done]
     print(f"{len(todo)} of {len(jobs)} runs to do", flush=True)
@@ -443,8 +525,14 @@ def run_study(study: str, *, extra: Sequence[str] = (), report_only: bool = Fals
     out.mkdir(parents=True, exist_ok=True)
     write_record(frame, record)
     split = {_preset(j.preset).get("eval_split", "validation") for j in every}.pop()
-    write_report(frame, out, split=split, folders=folders, source=str(record.relative_to(REPO) if record.is_relative_to(REPO) else record),
-                 intro=readme(study, frame, every, extra, split, out))  # fmt: skip
+    write_report(
+        frame,
+        out,
+        split=split,
+        folders=folders,
+        source=str(record.relative_to(REPO) if record.is_relative_to(REPO) else record),
+        intro=readme(study, frame, every, extra, split, out),
+    )
     missing = len(jobs) - frame.run.isin({j.run for j in jobs}).sum()
     return status or int(missing > 0)
 
@@ -476,9 +564,11 @@ def check_results(study: str, *, extra: Sequence[str] = (), pipelines: Sequence[
         both = agreement(before, after, ["metric", "method", "pattern", "sparsity"])
         for row in both.itertuples():
             worst = max(worst, int(not row.agrees))
-            print(f"{job.run} {row.metric} {row.method} {row.pattern} {row.sparsity:g}: committed {row.value_before:.6g}, "
-                  f"rerun {row.value_after:.6g}: {'identical' if row.off == 0 else 'within' if row.agrees else 'OUT OF'} "
-                  f"{row.tolerance}")  # fmt: skip
+            print(
+                f"{job.run} {row.metric} {row.method} {row.pattern} {row.sparsity:g}: committed {row.value_before:.6g}, "
+                f"rerun {row.value_after:.6g}: {'identical' if row.off == 0 else 'within' if row.agrees else 'OUT OF'} "
+                f"{row.tolerance}"
+            )
     return worst
 
 
@@ -503,26 +593,41 @@ def compare_with_reference(frame: pd.DataFrame, reference: Path) -> int:
         print(f"\nnothing to compare: no committed reference {reference} (make demo-reference writes one)")
         return 1
     committed = read_record([reference])
-    both = agreement(committed[committed.metric.isin(TOLERANCE)], frame, ["run", "metric", "method", "pattern", "sparsity"])
+    both = agreement(
+        committed[committed.metric.isin(TOLERANCE)], frame, ["run", "metric", "method", "pattern", "sparsity"]
+    )
     if both.empty:
         print(f"\nnothing to compare: no run of these is in {reference}")
         return 1
-    shown = pd.DataFrame({
-        "run": both.run.map(lambda r: r.split("/", 2)[-1]),
-        "number": [f"{m} {tables.column_label(me, pa, sp)}" for m, me, pa, sp in
-                   zip(both.metric, both.method, both.pattern, both.sparsity)],
-        "committed": both.value_before.map(lambda v: f"{v:.4g}"),
-        "yours": both.value_after.map(lambda v: f"{v:.4g}"),
-        "tolerance": both.tolerance.str.replace(" tolerance", ""),
-        "agrees": both.agrees.map({True: "yes", False: "NO"}),
-    })  # fmt: skip
-    machines = {name: ", ".join(sorted({machine_text(r) for r in rows.drop_duplicates("run").dropna(subset=["host"]).itertuples()}))
-                or "not recorded" for name, rows in (("committed", committed), ("yours", frame))}  # fmt: skip
-    print(f"\n## Your runs beside the committed reference ({reference.relative_to(REPO) if reference.is_relative_to(REPO) else reference})\n")
+    shown = pd.DataFrame(
+        {
+            "run": both.run.map(lambda r: r.split("/", 2)[-1]),
+            "number": [
+                f"{m} {tables.column_label(me, pa, sp)}"
+                for m, me, pa, sp in zip(both.metric, both.method, both.pattern, both.sparsity)
+            ],
+            "committed": both.value_before.map(lambda v: f"{v:.4g}"),
+            "yours": both.value_after.map(lambda v: f"{v:.4g}"),
+            "tolerance": both.tolerance.str.replace(" tolerance", ""),
+            "agrees": both.agrees.map({True: "yes", False: "NO"}),
+        }
+    )
+    machines = {
+        name: ", ".join(
+            sorted({machine_text(r) for r in rows.drop_duplicates("run").dropna(subset=["host"]).itertuples()})
+        )
+        or "not recorded"
+        for name, rows in (("committed", committed), ("yours", frame))
+    }
+    print(
+        f"\n## Your runs beside the committed reference ({reference.relative_to(REPO) if reference.is_relative_to(REPO) else reference})\n"
+    )
     print(tables.markdown(shown, right=2))
     print(f"\ncommitted on: {machines['committed']}\nyours on: {machines['yours']}")
-    print(f"{int(both.agrees.sum())} of {len(both)} numbers agree within their tolerance "
-          "(one seed: an illustration of the pipeline, not evidence; the study's ten seeds are)")
+    print(
+        f"{int(both.agrees.sum())} of {len(both)} numbers agree within their tolerance "
+        "(one seed: an illustration of the pipeline, not evidence; the study's ten seeds are)"
+    )
     return int(not both.agrees.all())
 
 
@@ -544,14 +649,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     from horst_sparse.pipeline import names
     from horst_sparse.training.config import RunError
 
-    parser = argparse.ArgumentParser(prog="horst-study", description=(main.__doc__ or "").split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog=(main.__doc__ or "").split("\n\n", 1)[1])  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="horst-study",
+        description=(main.__doc__ or "").split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=(main.__doc__ or "").split("\n\n", 1)[1],
+    )
     parser.add_argument("--demo", action="store_true", help="the demo (configs/study/demo_*.yaml) into outputs/demo")
     parser.add_argument("--report-only", action="store_true", help="run nothing; report the runs done")
-    parser.add_argument("--check", action="store_true", help="rerun seed 0 of one cell per pipeline, compare with runs.csv")
-    parser.add_argument("--out", type=Path, help="the results folder (default: results/<study>; the demo's outputs/demo, "
-                        "compared with the committed results/demo)")  # fmt: skip
+    parser.add_argument(
+        "--check", action="store_true", help="rerun seed 0 of one cell per pipeline, compare with runs.csv"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="the results folder (default: results/<study>; the demo's outputs/demo, "
+        "compared with the committed results/demo)",
+    )
     parser.add_argument("--pipeline", choices=names(), action="append", help="only this pipeline's part (repeatable)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every multirun, e.g. hydra/launcher=slurm")
     args = parser.parse_args(argv)

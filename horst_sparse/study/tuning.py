@@ -21,20 +21,27 @@ import math
 import subprocess
 import sys
 import warnings
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 import yaml
 
-with warnings.catch_warnings():  # optuna 2.10 (hydra-optuna-sweeper's pin) names SQLAlchemy's pre-2.0 API; unused in memory
+with (
+    warnings.catch_warnings()
+):  # optuna 2.10 (hydra-optuna-sweeper's pin) names SQLAlchemy's pre-2.0 API; unused in memory
     warnings.simplefilter("ignore", DeprecationWarning)
     import optuna
 from omegaconf import OmegaConf
 
 from horst_sparse.compose import VERSION_BASE, ComposeError, compose_in_context, hydra_context
-from horst_sparse.paths import CONFIGS, REPO as ROOT, RESULTS as RESULTS_ROOT
-from horst_sparse.pipeline import Pipeline, TuningScore, UnknownPipeline, get as get_pipeline, of as pipeline_of
+from horst_sparse.paths import CONFIGS
+from horst_sparse.paths import REPO as ROOT
+from horst_sparse.paths import RESULTS as RESULTS_ROOT
+from horst_sparse.pipeline import Pipeline, TuningScore, UnknownPipeline
+from horst_sparse.pipeline import get as get_pipeline
+from horst_sparse.pipeline import of as pipeline_of
 from horst_sparse.training.config import RunError
 from horst_sparse.training.run_log import FAILED_FILE, SUMMARY_FILE, git_commit
 
@@ -62,7 +69,9 @@ def validation_score(pipeline: Pipeline, summary: Mapping[str, Any]) -> float:
     if not summary or summary.get("status") == "failed":
         return metric.worst()
     if summary.get("eval_split") != EVAL_SPLIT:
-        raise TuningError(f"a tuning trial was scored on eval_split={summary.get('eval_split')}; tuning reads validation only")
+        raise TuningError(
+            f"a tuning trial was scored on eval_split={summary.get('eval_split')}; tuning reads validation only"
+        )
     try:
         score = metric.score(summary)
     except RunError as error:
@@ -133,7 +142,10 @@ def from_unit(u: float, distribution) -> Any:
         low, high = math.log(distribution.low), math.log(distribution.high + 1)
         return min(int(math.exp(low + u * (high - low))), distribution.high)
     if isinstance(distribution, d.IntUniformDistribution):
-        return distribution.low + bin_of((distribution.high - distribution.low) // distribution.step + 1) * distribution.step
+        return (
+            distribution.low
+            + bin_of((distribution.high - distribution.low) // distribution.step + 1) * distribution.step
+        )
     if isinstance(distribution, d.DiscreteUniformDistribution):
         steps = round((distribution.high - distribution.low) / distribution.q)
         return distribution.low + bin_of(steps + 1) * distribution.q
@@ -176,7 +188,9 @@ def require_clean_tree(root: Path | None = None, *, tuning: tuple[str, str] | No
     commit = git_commit(root)
     if commit == "unknown":
         raise TuningError(f"{root} is not a git repository: a pick records the commit it was made at")
-    changed = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True).stdout.splitlines()
+    changed = subprocess.run(
+        ["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True
+    ).stdout.splitlines()
     if tuning is not None:
         pipeline, optimizer = tuning
         others = f"configs/tuned/{pipeline}/"
@@ -187,13 +201,22 @@ def require_clean_tree(root: Path | None = None, *, tuning: tuple[str, str] | No
 
         changed = [line for line in changed if not allowed(line[3:].strip())]
     if changed:
-        raise TuningError(f"the git tree at {root} has uncommitted changes ({changed[0].strip()}, ...): commit or stash them "
-                          "first; a pick records the commit it was made at")  # fmt: skip
+        raise TuningError(
+            f"the git tree at {root} has uncommitted changes ({changed[0].strip()}, ...): commit or stash them "
+            "first; a pick records the commit it was made at"
+        )
     return commit.removesuffix("-dirty")
 
 
-def plan(pipeline: str, optimizer: str, *, trials: int = DEFAULT_TRIALS, overrides: Iterable[str] = (),
-         config_dir: Path = CONFIGS, sweep_dir: Path | None = None) -> Plan:  # fmt: skip
+def plan(
+    pipeline: str,
+    optimizer: str,
+    *,
+    trials: int = DEFAULT_TRIALS,
+    overrides: Iterable[str] = (),
+    config_dir: Path = CONFIGS,
+    sweep_dir: Path | None = None,
+) -> Plan:
     """Compose the tuning's config and check that its pick can reach a run: every searched key
     reads the arm's tuned file, the seed is a tuning seed, the split is validation."""
     try:
@@ -203,18 +226,24 @@ def plan(pipeline: str, optimizer: str, *, trials: int = DEFAULT_TRIALS, overrid
     search = config_dir / "hparams_search" / f"{pipeline}_{optimizer}.yaml"
     if not search.is_file():
         known = sorted(p.stem.split("_", 1)[1] for p in search.parent.glob(f"{pipeline}_*.yaml"))
-        raise TuningError(f"no search space for {optimizer} on {pipeline} ({search} is missing); tunable: {', '.join(known)}")
+        raise TuningError(
+            f"no search space for {optimizer} on {pipeline} ({search} is missing); tunable: {', '.join(known)}"
+        )
     if trials < 1:
         raise TuningError(f"--trials {trials}: a tuning needs at least one trial")
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     registered.register_configs()
     arguments = [f"+hparams_search={pipeline}_{optimizer}", *overrides]
-    parsed = OverridesParser.create().parse_overrides(list(overrides))  # a sweep on the command line replaces the YAML's
+    parsed = OverridesParser.create().parse_overrides(
+        list(overrides)
+    )  # a sweep on the command line replaces the YAML's
     searched = {o.key_or_group: o.input_line.split("=", 1)[1] for o in parsed if o.is_sweep_override()}
     with hydra_context(config_dir, job_name="tune"):
         try:
-            cfg = compose_in_context(registered, [a for a, o in zip(arguments, [None, *parsed]) if o is None or not o.is_sweep_override()])
+            cfg = compose_in_context(
+                registered, [a for a, o in zip(arguments, [None, *parsed]) if o is None or not o.is_sweep_override()]
+            )
         except ComposeError as error:
             raise TuningError(str(error)) from None
     choices = cfg.hydra.runtime.choices
@@ -223,7 +252,9 @@ def plan(pipeline: str, optimizer: str, *, trials: int = DEFAULT_TRIALS, overrid
         raise TuningError(f"{search.name} tunes optimizer={cfg.optimizer.name}, not {optimizer}")
     arm_choice = choices.get(f"tuned/{pipeline}/{recipe}@tuned.{optimizer}")
     if arm_choice is None:
-        raise TuningError(f"the {recipe} recipe has no tuned file for {optimizer} (configs/tuned/{pipeline}/{recipe}.yaml)")
+        raise TuningError(
+            f"the {recipe} recipe has no tuned file for {optimizer} (configs/tuned/{pipeline}/{recipe}.yaml)"
+        )
     if cfg.seed < TUNING_SEEDS_START:
         raise TuningError(f"seed={cfg.seed}: tuning seeds start at {TUNING_SEEDS_START} (reporting seeds are below it)")
     if cfg.get("eval_split") != EVAL_SPLIT:
@@ -234,16 +265,32 @@ def plan(pipeline: str, optimizer: str, *, trials: int = DEFAULT_TRIALS, overrid
         leaf = key.rsplit(".", 1)[-1]
         wire = OmegaConf.to_container(OmegaConf.select(cfg, key.rsplit(".", 1)[0]), resolve=False).get(leaf)
         # the optimizer's YAML reads its own entry; the recipe the selected optimizer's (docs/design.md §7)
-        if leaf not in tuned or wire not in (f"${{tuned.{optimizer}.{leaf}}}", f"${{tuned.${{optimizer.name}}.{leaf}}}"):
-            raise TuningError(f"{search.name} searches {key}, which the run does not read from tuned.{optimizer}.{leaf} "
-                              f"(it is {wire!r}): the pick would never reach a run")  # fmt: skip
+        if leaf not in tuned or wire not in (
+            f"${{tuned.{optimizer}.{leaf}}}",
+            f"${{tuned.${{optimizer.name}}.{leaf}}}",
+        ):
+            raise TuningError(
+                f"{search.name} searches {key}, which the run does not read from tuned.{optimizer}.{leaf} "
+                f"(it is {wire!r}): the pick would never reach a run"
+            )
     if sweep_dir is None:
         stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
         sweep_dir = ROOT / "multirun" / "tuning" / f"{pipeline}_{recipe}_{optimizer}" / stamp
-    arguments += [f"hydra.sweeper.n_trials={trials}", f"hydra.sweeper.direction={registered.tuning.direction}",
-                  f"hydra.sweep.dir={sweep_dir}"]  # fmt: skip
-    return Plan(pipeline, optimizer, recipe, config_dir / "tuned" / pipeline / recipe / f"{arm_choice}.yaml", space,
-                int(cfg.seed), trials, arguments)  # fmt: skip
+    arguments += [
+        f"hydra.sweeper.n_trials={trials}",
+        f"hydra.sweeper.direction={registered.tuning.direction}",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
+    return Plan(
+        pipeline,
+        optimizer,
+        recipe,
+        config_dir / "tuned" / pipeline / recipe / f"{arm_choice}.yaml",
+        space,
+        int(cfg.seed),
+        trials,
+        arguments,
+    )
 
 
 def launch(plan: Plan, config_dir: Path = CONFIGS) -> Path:
@@ -275,18 +322,29 @@ def collect(plan: Plan, sweep_dir: Path) -> list[dict[str, Any]]:
     import json
 
     rows = []
-    for folder in sorted((p for p in sweep_dir.iterdir() if (p / ".hydra" / "overrides.yaml").is_file()),
-                         key=lambda p: int(p.name.split("_", 1)[0])):  # fmt: skip
+    for folder in sorted(
+        (p for p in sweep_dir.iterdir() if (p / ".hydra" / "overrides.yaml").is_file()),
+        key=lambda p: int(p.name.split("_", 1)[0]),
+    ):
         overrides = dict(o.split("=", 1) for o in yaml.safe_load((folder / ".hydra" / "overrides.yaml").read_text()))
         config = yaml.safe_load((folder / ".hydra" / "config.yaml").read_text())
         summary_file = folder / SUMMARY_FILE  # a failed trial has the runner's failed.json instead
         failed = not summary_file.is_file()
         summary = {} if failed else json.loads(summary_file.read_text())
-        row = {"pipeline": plan.pipeline, "recipe": plan.recipe, "arm": plan.arm, "trial": int(folder.name.split("_", 1)[0]),
-               "seed": int(config["seed"])}  # fmt: skip
+        row = {
+            "pipeline": plan.pipeline,
+            "recipe": plan.recipe,
+            "arm": plan.arm,
+            "trial": int(folder.name.split("_", 1)[0]),
+            "seed": int(config["seed"]),
+        }
         row.update({key: yaml.safe_load(overrides[key]) for key in plan.space})
-        row.update(eval_split=config.get("eval_split"), metric=plan.metric.description,
-                   score=validation_score(get_pipeline(plan.pipeline), {} if failed else summary), status="failed" if failed else "finished")  # fmt: skip
+        row.update(
+            eval_split=config.get("eval_split"),
+            metric=plan.metric.description,
+            score=validation_score(get_pipeline(plan.pipeline), {} if failed else summary),
+            status="failed" if failed else "finished",
+        )
         rows.append(row)
     if len(rows) != plan.trials:
         raise TuningError(f"{sweep_dir} has {len(rows)} finished trial folders, not the {plan.trials} planned")
@@ -299,7 +357,9 @@ def best(rows: list[dict[str, Any]], metric: TuningScore) -> dict[str, Any]:
     return max(rows, key=lambda r: (sign * r["score"], -r["trial"]))
 
 
-def write_pick(plan: Plan, rows: list[dict[str, Any]], *, commit: str, command: str, results_dir: Path = RESULTS) -> dict:
+def write_pick(
+    plan: Plan, rows: list[dict[str, Any]], *, commit: str, command: str, results_dir: Path = RESULTS
+) -> dict:
     """The arm's tuned file with the pick and its provenance (the keys outside the search space
     kept), and the arm's rows of tuning.csv replaced."""
     import pandas as pd
@@ -326,9 +386,11 @@ def write_pick(plan: Plan, rows: list[dict[str, Any]], *, commit: str, command: 
         "pick": {"trial": pick["trial"], "score": pick["score"]},
         "tuning_csv": str(csv.relative_to(ROOT) if csv.is_relative_to(ROOT) else csv),
     }
-    header = (f"# {plan.arm} under the {plan.pipeline} {plan.recipe} recipe: the pick of {len(rows)} quasi-random trials on the\n"
-              f"# validation split, written by `{command}` at commit {commit}\n"
-              "# (every trial: provenance.tuning_csv). Keys outside the search space are kept from before.\n")  # fmt: skip
+    header = (
+        f"# {plan.arm} under the {plan.pipeline} {plan.recipe} recipe: the pick of {len(rows)} quasi-random trials on the\n"
+        f"# validation split, written by `{command}` at commit {commit}\n"
+        "# (every trial: provenance.tuning_csv). Keys outside the search space are kept from before.\n"
+    )
     plan.arm_file.write_text(header + yaml.safe_dump(values, sort_keys=False))
     frame = pd.DataFrame([{**r, "pick": r["trial"] == pick["trial"], "commit": commit} for r in rows])
     if csv.is_file():
@@ -339,8 +401,18 @@ def write_pick(plan: Plan, rows: list[dict[str, Any]], *, commit: str, command: 
     return values
 
 
-def tune(pipeline: str, optimizer: str, *, trials: int = DEFAULT_TRIALS, overrides: Iterable[str] = (), commit: str,
-         command: str, config_dir: Path = CONFIGS, results_dir: Path = RESULTS, sweep_dir: Path | None = None) -> dict:  # fmt: skip
+def tune(
+    pipeline: str,
+    optimizer: str,
+    *,
+    trials: int = DEFAULT_TRIALS,
+    overrides: Iterable[str] = (),
+    commit: str,
+    command: str,
+    config_dir: Path = CONFIGS,
+    results_dir: Path = RESULTS,
+    sweep_dir: Path | None = None,
+) -> dict:
     """Plan, run the trials, write the pick; returns the arm's new tuned values."""
     tuning = plan(pipeline, optimizer, trials=trials, overrides=overrides, config_dir=config_dir, sweep_dir=sweep_dir)
     rows = collect(tuning, launch(tuning, config_dir))
@@ -362,13 +434,17 @@ def check_equal_budgets(tuned: Mapping[str, Any], arms: Iterable[str], reporting
     for arm in arms:
         record = (tuned.get(arm) or {}).get("provenance")
         if not record:
-            raise BudgetError(f"arm {arm} was not tuned by scripts/tune.py (tuned.{arm}.provenance is empty): "
-                              f"run horst-tune <pipeline> {arm}")  # fmt: skip
+            raise BudgetError(
+                f"arm {arm} was not tuned by scripts/tune.py (tuned.{arm}.provenance is empty): "
+                f"run horst-tune <pipeline> {arm}"
+            )
         if record["eval_split"] != EVAL_SPLIT:
             raise BudgetError(f"arm {arm} was tuned on eval_split={record['eval_split']}; retune it on validation")
         overlap = sorted(reporting & set(record["seeds"]))
         if overlap:
-            raise BudgetError(f"arm {arm} was tuned on reporting seeds {overlap}; tune on seeds from {TUNING_SEEDS_START} up")
+            raise BudgetError(
+                f"arm {arm} was tuned on reporting seeds {overlap}; tune on seeds from {TUNING_SEEDS_START} up"
+            )
         records[arm] = record
     if len({r["trials"] for r in records.values()}) > 1:
         counts = ", ".join(f"{arm} {r['trials']}" for arm, r in records.items())
@@ -398,9 +474,12 @@ def main(argv: list[str] | None = None) -> None:
     from horst_sparse.pipeline import names
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="horst-tune", description=(main.__doc__ or "").split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog=(main.__doc__ or "").split("\n\n", 1)[1])  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="horst-tune",
+        description=(main.__doc__ or "").split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=(main.__doc__ or "").split("\n\n", 1)[1],
+    )
     parser.add_argument("pipeline", choices=names())
     parser.add_argument("optimizer", help="an optimizer with a search space: adamw, ham, horst")
     parser.add_argument("--trials", type=int, default=DEFAULT_TRIALS, help=f"the budget (default {DEFAULT_TRIALS})")
@@ -408,10 +487,18 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_intermixed_args(argv)  # `--trials 8` before or after the overrides
     try:
         commit = require_clean_tree(tuning=(args.pipeline, args.optimizer))
-        values = tune(args.pipeline, args.optimizer, trials=args.trials, overrides=args.overrides, commit=commit,
-                      command=shlex.join(["python", "scripts/tune.py", *argv]))  # fmt: skip
+        values = tune(
+            args.pipeline,
+            args.optimizer,
+            trials=args.trials,
+            overrides=args.overrides,
+            commit=commit,
+            command=shlex.join(["python", "scripts/tune.py", *argv]),
+        )
     except RunError as error:
         sys.exit(f"error: {error}")
     pick = values["provenance"]["pick"]
-    print(f"pick: trial {pick['trial']}, {values['provenance']['metric']} {pick['score']:.4g}; "
-          f"written to {values['provenance']['tuning_csv']} and the arm's tuned file")  # fmt: skip
+    print(
+        f"pick: trial {pick['trial']}, {values['provenance']['metric']} {pick['score']:.4g}; "
+        f"written to {values['provenance']['tuning_csv']} and the arm's tuned file"
+    )

@@ -99,7 +99,9 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> Path:
     except (OSError, RuntimeError) as error:  # torch's writer reports a full disk as a RuntimeError
         with contextlib.suppress(OSError):  # nothing to remove in a read-only folder
             shutil.rmtree(tmp) if tmp.is_dir() else tmp.unlink(missing_ok=True)
-        raise CheckpointError(f"cannot write checkpoint {path.name}: {write_problem(path.parent, error, _tensor_bytes(state))}") from None
+        raise CheckpointError(
+            f"cannot write checkpoint {path.name}: {write_problem(path.parent, error, _tensor_bytes(state))}"
+        ) from None
     return path
 
 
@@ -147,7 +149,9 @@ def write_problem(folder: Path, error: Exception, needed: int) -> str:
     return f"{folder}: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
 
 
-def load_checkpoint(path: str | os.PathLike, *, map_location: str | torch.device = "cpu", weights: bool = True) -> dict[str, Any]:
+def load_checkpoint(
+    path: str | os.PathLike, *, map_location: str | torch.device = "cpu", weights: bool = True
+) -> dict[str, Any]:
     """The dict a checkpoint holds. A DCP folder: its `state.pt` entries and its model and
     optimizer read whole (full state dicts on the CPU; no process group needed), or with
     `weights=False` not at all: a resuming run's `restore_training_state` reads each
@@ -288,11 +292,15 @@ def _load_shards(folder: str | os.PathLike | None, model: torch.nn.Module, optim
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     if folder is None or not Path(folder).is_dir():
-        raise CheckpointError(f"checkpoint {folder} is not a DCP folder; a model sharded by FSDP2 resumes from ckpt_*.dcp")
+        raise CheckpointError(
+            f"checkpoint {folder} is not a DCP folder; a model sharded by FSDP2 resumes from ckpt_*.dcp"
+        )
     model_state, optimizer_state = get_state_dict(model, optimizer)  # the shapes and shardings to read into
     shards = {"model": model_state, "optimizer": optimizer_state}
     try:
         dcp.load(shards, checkpoint_id=folder)
     except CheckpointException as error:
-        raise CheckpointError(f"checkpoint {folder} does not fit this model and optimizer: {str(error).splitlines()[0]}") from None
+        raise CheckpointError(
+            f"checkpoint {folder} does not fit this model and optimizer: {str(error).splitlines()[0]}"
+        ) from None
     set_state_dict(model, optimizer, model_state_dict=shards["model"], optim_state_dict=shards["optimizer"])

@@ -15,7 +15,6 @@ from typing import Any, Iterable, List, Mapping, Optional
 
 from omegaconf import MISSING, OmegaConf
 
-
 # `${run_suffix:${hydra:overrides.task}}` in the run folder names (configs/train_*.yaml): "_key=value,..."
 # of the command line's overrides, nothing without any. Left out: the keys the name spells already
 # and those that change no result (horst_sparse.training.no_effect), so a run staged elsewhere or logged otherwise
@@ -38,13 +37,13 @@ def run_suffix(overrides) -> str:
         kept.append(str(override).lstrip("+").replace("/", "_"))
     suffix = ",".join(kept)
     if len(suffix) > _SUFFIX_CHARS:
-        suffix = f"{suffix[:_SUFFIX_CHARS - 11]}-{hashlib.sha1(suffix.encode()).hexdigest()[:10]}"
+        suffix = f"{suffix[: _SUFFIX_CHARS - 11]}-{hashlib.sha1(suffix.encode()).hexdigest()[:10]}"
     return f"_{suffix}" if suffix else ""
 
 
 OmegaConf.register_new_resolver("run_suffix", run_suffix, replace=True)
 
-import horst_sparse.training.resolvers  # noqa: F401  (registers the configs' resolvers, e.g. `sum`, for every entry point)
+import horst_sparse.training.resolvers  # noqa: E402, F401  (registers the configs' resolvers, e.g. `sum`, for every entry point)
 
 
 class RunError(Exception):
@@ -96,7 +95,11 @@ def check_known_keys(node: Mapping[str, Any], schema: type, *, prefix: str = "")
     for key in node:
         if key not in fields:
             close = difflib.get_close_matches(str(key), list(fields), n=1)
-            hint = f"; did you mean {prefix}{close[0]}?" if close else f"; {prefix.rstrip('.') or 'the config'} has {', '.join(fields)}"
+            hint = (
+                f"; did you mean {prefix}{close[0]}?"
+                if close
+                else f"; {prefix.rstrip('.') or 'the config'} has {', '.join(fields)}"
+            )
             raise ConfigError(f"{prefix}{key} is not a setting{hint}")
     for name, kind in fields.items():
         if dataclasses.is_dataclass(kind) and isinstance(node.get(name), Mapping):
@@ -112,9 +115,13 @@ def validate_run(cfg: Mapping[str, Any]) -> None:
     """The checks of the keys in `RunConfig`."""
     require(cfg["device"] in ("auto", "cpu", "cuda"), f"device={cfg['device']!r} is unknown; use auto, cpu or cuda")
     require(
-        cfg["precision"] in ("auto", "bf16", "fp32"), f"precision={cfg['precision']!r} is unknown; use auto, bf16 or fp32"
+        cfg["precision"] in ("auto", "bf16", "fp32"),
+        f"precision={cfg['precision']!r} is unknown; use auto, bf16 or fp32",
     )
-    require(cfg["cpu_threads"] is None or cfg["cpu_threads"] > 0, f"cpu_threads={cfg['cpu_threads']} must be positive or null")
+    require(
+        cfg["cpu_threads"] is None or cfg["cpu_threads"] > 0,
+        f"cpu_threads={cfg['cpu_threads']} must be positive or null",
+    )
     mode = cfg["logging"]["mode"]
     require(
         mode in (None, "online", "offline", "disabled"),

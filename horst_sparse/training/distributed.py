@@ -25,7 +25,7 @@ import dataclasses
 import os
 import random
 import sys
-from typing import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 import torch.distributed as dist

@@ -77,7 +77,16 @@ def device_type(name: str) -> str:
 
 
 # Dense bf16 tensor-core peaks (TFLOP/s) by GPU name, for model FLOPs utilisation.
-_PEAK_BF16_TFLOPS = {"H200": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A6000": 155.0, "A10": 125.0, "4090": 165.0}
+_PEAK_BF16_TFLOPS = {
+    "H200": 989.0,
+    "H100 PCIe": 756.0,
+    "H100": 989.0,
+    "A100": 312.0,
+    "L40S": 362.0,
+    "A6000": 155.0,
+    "A10": 125.0,
+    "4090": 165.0,
+}
 
 
 def peak_flops(device: torch.device, configured_tflops: float | None = None) -> float | None:

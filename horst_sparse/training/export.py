@@ -80,46 +80,56 @@ def export_run(run_dir: str | Path, out: str | Path, *, to: str, **options: Any)
 def main(argv: list[str] | None = None) -> int:
     """`horst-export` (scripts/export.py): export a run's model in a format other tools load, with a model card (README.md).
 
-    horst-export outputs/gpt2/RUN --sparsity 0.5 --to hf exported/gpt2-50
-    horst-export outputs/gpt2/RUN --method wanda --pattern 2:4 --to hf exported/gpt2-wanda-24
-    horst-export outputs/vit/RUN --to timm exported/deit
+        horst-export outputs/gpt2/RUN --sparsity 0.5 --to hf exported/gpt2-50
+        horst-export outputs/gpt2/RUN --method wanda --pattern 2:4 --to hf exported/gpt2-wanda-24
+        horst-export outputs/vit/RUN --to timm exported/deit
 
-GPT-2 (`--to hf`): the trained model from the run's last checkpoint, pruned one-shot as the
-pipeline prunes (`--method magnitude|wanda`, `--pattern unstructured|n:m`, `--sparsity` for
-unstructured), saved with `save_pretrained` (safetensors) and GPT-2's tokenizer files:
-`GPT2LMHeadModel.from_pretrained(OUT)`. Its perplexity in the card is the run's own when the
-run evaluated that setting (summary.json), else it is evaluated on the run's validation
-tokens (the run's data.dir must still exist; Wanda also reads its training tokens).
+    GPT-2 (`--to hf`): the trained model from the run's last checkpoint, pruned one-shot as the
+    pipeline prunes (`--method magnitude|wanda`, `--pattern unstructured|n:m`, `--sparsity` for
+    unstructured), saved with `save_pretrained` (safetensors) and GPT-2's tokenizer files:
+    `GPT2LMHeadModel.from_pretrained(OUT)`. Its perplexity in the card is the run's own when the
+    run evaluated that setting (summary.json), else it is evaluated on the run's validation
+    tokens (the run's data.dir must still exist; Wanda also reads its training tokens).
 
-ViT (`--to timm`): the final checkpoint of a completed AC/DC run, the final compressed
-phase's sparse model, as it is: OUT/model.safetensors and timm's config.json:
-`timm.create_model("local-dir:OUT", pretrained=True)`; its config.json carries the run's eval
-preprocessing, so `timm.data.resolve_data_config(model=model)` + `create_transform` give the
-run's top-1. `--sparsity` does not apply.
+    ViT (`--to timm`): the final checkpoint of a completed AC/DC run, the final compressed
+    phase's sparse model, as it is: OUT/model.safetensors and timm's config.json:
+    `timm.create_model("local-dir:OUT", pretrained=True)`; its config.json carries the run's eval
+    preprocessing, so `timm.data.resolve_data_config(model=model)` + `create_transform` give the
+    run's top-1. `--sparsity` does not apply.
 
-Each pipeline's export is its own (`horst_sparse/gpt2/export.py`, `horst_sparse/vit/export.py`) over
-the shared run-folder reader (`horst_sparse/training/export.py`).
-"""
+    Each pipeline's export is its own (`horst_sparse/gpt2/export.py`, `horst_sparse/vit/export.py`) over
+    the shared run-folder reader (`horst_sparse/training/export.py`).
+    """
     import argparse
     import sys
 
     from horst_sparse.pipeline import every
 
     formats = {p.export_format: p.name for p in every() if p.export_format}
-    parser = argparse.ArgumentParser(prog="horst-export", description=(main.__doc__ or "").split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog=(main.__doc__ or "").split("\n\n", 1)[1])  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="horst-export",
+        description=(main.__doc__ or "").split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=(main.__doc__ or "").split("\n\n", 1)[1],
+    )
     parser.add_argument("run_dir", help="a run folder (config.yaml, ckpt_*.pt, summary.json)")
     parser.add_argument("out", help="the folder to write")
-    parser.add_argument("--to", required=True, choices=tuple(formats),
-                        help="; ".join(f"{fmt}: {name} runs" for fmt, name in formats.items()))  # fmt: skip
+    parser.add_argument(
+        "--to",
+        required=True,
+        choices=tuple(formats),
+        help="; ".join(f"{fmt}: {name} runs" for fmt, name in formats.items()),
+    )
     parser.add_argument("--sparsity", type=float, default=None, help="GPT-2, unstructured: the fraction to prune")
-    parser.add_argument("--method", default="magnitude", choices=("magnitude", "wanda"), help="GPT-2 (default magnitude)")
+    parser.add_argument(
+        "--method", default="magnitude", choices=("magnitude", "wanda"), help="GPT-2 (default magnitude)"
+    )
     parser.add_argument("--pattern", default="unstructured", help="GPT-2: unstructured (default) or n:m such as 2:4")
     args = parser.parse_args(argv)
     try:
-        facts = export_run(args.run_dir, args.out, to=args.to, sparsity=args.sparsity, method=args.method,
-                           pattern=args.pattern)  # fmt: skip
+        facts = export_run(
+            args.run_dir, args.out, to=args.to, sparsity=args.sparsity, method=args.method, pattern=args.pattern
+        )
     except (RunError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

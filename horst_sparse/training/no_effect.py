@@ -8,28 +8,42 @@ the same arithmetic and measure it the same way. Dotted prefixes cover whole sec
 
 NO_EFFECT = (
     # where and how a run is recorded; which pipeline ran it is in its other keys (a label)
-    "resume", "resume_override", "logging", "hydra", "pipeline",
+    "resume",
+    "resume_override",
+    "logging",
+    "hydra",
+    "pipeline",
     # where the same data lives (per-job staging on a cluster copies it elsewhere): the data
     # set itself is `data.name` and the recipe's split keys, which stay in
-    "data.root", "data.dir",
+    "data.root",
+    "data.dir",
     # how fast: every sample's augmentation is seeded by its own (seed, epoch, index), not by the
     # worker that loads it; compile and thread count keep the arithmetic (up to summation order)
-    "data.num_workers", "data.pin_memory", "cpu_threads", "compile",
+    "data.num_workers",
+    "data.pin_memory",
+    "cpu_threads",
+    "compile",
     # the ViT's micro-batches per update: the same global batch, accumulated (summation order only)
     "train.accum_steps",
     # an unreadable image fails a run without it; with it the run goes on and counts what it skipped
     "data.skip_corrupt",
     # how often the run logs, checkpoints and measures its progress; the final numbers are
     # measured on everything after training
-    "train.log_interval", "train.eval_interval", "train.eval_windows", "train.checkpoint_interval",
-    "train.keep_checkpoints", "train.peak_tflops", "train.eval_batch_size", "eval.batch_size",
+    "train.log_interval",
+    "train.eval_interval",
+    "train.eval_windows",
+    "train.checkpoint_interval",
+    "train.keep_checkpoints",
+    "train.peak_tflops",
+    "train.eval_batch_size",
+    "eval.batch_size",
     "acdc.histogram_bins",
     # a copy of the pruned model written after the numbers
     "export",
     # every arm's tuned values (configs/tuned/): they reach a run only through optimizer.* and
     # train.*, which are compared; retuning AdamW does not make a HORST run stale
     "tuned",
-)  # fmt: skip
+)
 
 
 def no_effect(key: str) -> bool:

@@ -19,7 +19,8 @@ or `prunable` (only the tensors that will be pruned), passed as the `hyperbolic`
 from __future__ import annotations
 
 import functools
-from typing import Any, Collection, Mapping
+from collections.abc import Collection, Mapping
+from typing import Any
 
 import torch
 from omegaconf import OmegaConf
@@ -68,7 +69,9 @@ def optimizer_factory(node: Mapping[str, Any]) -> functools.partial:
 
     settings = {k: v for k, v in _settings(node).items() if k not in _NOT_ARGUMENTS}
     if "_target_" not in settings:
-        raise ConfigError("optimizer has no _target_; every configs/optimizer/*.yaml names its class (e.g. horst.HORST)")
+        raise ConfigError(
+            "optimizer has no _target_; every configs/optimizer/*.yaml names its class (e.g. horst.HORST)"
+        )
     try:
         factory = instantiate({**settings, "_partial_": True}, _convert_="all")
     except InstantiationException as error:

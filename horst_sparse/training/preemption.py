@@ -29,8 +29,9 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Iterable, Iterator
 from types import FrameType
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist

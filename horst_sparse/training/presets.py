@@ -69,7 +69,7 @@ def _schema(name: str) -> type:
 
 
 def misspelt_key(pipeline: str, overrides: list[str]) -> str | None:
-    """"KEY is not a setting; did you mean ...?" for the first override whose key the
+    """ "KEY is not a setting; did you mean ...?" for the first override whose key the
     pipeline's schema does not have, else None. Keys added with `+`, Hydra's own, config
     groups and what the schema leaves open (the optimizer's keys, which its class checks)
     are not judged here."""
@@ -88,7 +88,11 @@ def misspelt_key(pipeline: str, overrides: list[str]) -> str | None:
                 known = list(fields) + (sorted(groups) if depth == 0 else [])
                 prefix = ".".join(parts[:depth] + [""])
                 close = difflib.get_close_matches(part, known, n=1)
-                hint = f"did you mean {prefix}{close[0]}?" if close else f"{prefix.rstrip('.') or 'the config'} has {', '.join(fields)}"
+                hint = (
+                    f"did you mean {prefix}{close[0]}?"
+                    if close
+                    else f"{prefix.rstrip('.') or 'the config'} has {', '.join(fields)}"
+                )
                 return f"{key} is not a setting; {hint}"
             kind = fields[part]
             if depth == 0 and part == "model":

@@ -21,8 +21,9 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import yaml
@@ -130,15 +131,19 @@ def environment() -> dict[str, Any]:
             versions[package] = None
     cuda = torch.cuda.is_available()
     return {
-        "versions": {**versions, "python": platform.python_version(), "cuda": torch.version.cuda,
-                     "cudnn": torch.backends.cudnn.version() if cuda else None},
+        "versions": {
+            **versions,
+            "python": platform.python_version(),
+            "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version() if cuda else None,
+        },
         "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else [],
         "gpu": torch.cuda.get_device_name() if cuda else None,
         "cpu": cpu_model(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cpu_threads": torch.get_num_threads(),
         "host": socket.gethostname(),
-    }  # fmt: skip
+    }
 
 
 def _is_number(value: Any) -> bool:
@@ -148,8 +153,11 @@ def _is_number(value: Any) -> bool:
 def optimizer_label(optimizer: Mapping[str, Any]) -> str:
     """`horst(a=100,b=1)`: the optimizer and the hyperparameters that tell its runs apart."""
     keys = [("alpha", "a"), ("beta", "b")] + ([("order", "order")] if optimizer.get("order", "ms") != "ms" else [])
-    values = ",".join(f"{short}={optimizer[key]:g}" if key != "order" else f"order={optimizer[key]}"
-                      for key, short in keys if key in optimizer)  # fmt: skip
+    values = ",".join(
+        f"{short}={optimizer[key]:g}" if key != "order" else f"order={optimizer[key]}"
+        for key, short in keys
+        if key in optimizer
+    )
     return f"{optimizer['name']}({values})" if values else optimizer["name"]
 
 
@@ -298,7 +306,9 @@ class RunLogger:
 
             self._wandb.log({key: wandb.Histogram(np_histogram=(np.asarray(counts), np.asarray(edges)))}, step=step)
 
-    def log_table(self, key: str, rows: list[Mapping[str, Any]], *, step: int, plot: tuple[str, str, str] | None = None) -> None:
+    def log_table(
+        self, key: str, rows: list[Mapping[str, Any]], *, step: int, plot: tuple[str, str, str] | None = None
+    ) -> None:
         """Rows (dicts with the same keys) as a W&B table, and with `plot=(x, y, title)` a line
         plot of y against x beside it."""
         if self._wandb is None or not rows:
@@ -345,7 +355,9 @@ class RunLogger:
             import wandb
 
             self._wandb.summary.update(data)
-            artifact = wandb.Artifact(f"results-{self._wandb.id}", type="results", description="summary.json and tables")
+            artifact = wandb.Artifact(
+                f"results-{self._wandb.id}", type="results", description="summary.json and tables"
+            )
             for name in (SUMMARY_FILE, *files):
                 if (self.run_dir / name).is_file():
                     artifact.add_file(str(self.run_dir / name))

@@ -25,8 +25,9 @@ import shlex
 import sys
 import time
 import traceback
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 import torch
 import yaml
@@ -48,11 +49,24 @@ from horst_sparse.training.checkpoint import (
     training_state,
 )
 from horst_sparse.training.config import ConfigError, RunError
-from horst_sparse.training.distributed import barrier, broadcast_object, init_distributed, is_sharded, shutdown_distributed
+from horst_sparse.training.distributed import (
+    barrier,
+    broadcast_object,
+    init_distributed,
+    is_sharded,
+    shutdown_distributed,
+)
 from horst_sparse.training.env import autocast_dtype, device_type, seed_everything, select_device
 from horst_sparse.training.no_effect import NO_EFFECT
 from horst_sparse.training.preemption import PreemptionGuard
-from horst_sparse.training.run_log import CONFIG_FILE, FAILED_FILE, SUMMARY_FILE, RunLogger, git_commit, write_json_atomic
+from horst_sparse.training.run_log import (
+    CONFIG_FILE,
+    FAILED_FILE,
+    SUMMARY_FILE,
+    RunLogger,
+    git_commit,
+    write_json_atomic,
+)
 
 NON_FINITE_EXIT_CODE = 4  # a run stopped by a non-finite loss (preemption's is 3)
 LOCK_FILE = ".lock"  # one live writer per run folder (`lock_run_folder`)
@@ -62,7 +76,6 @@ _sweep: str | None = None  # set by `hydra_task` in a multirun: the sweep folder
 _open_run: Run | None = None  # the Run a task started and has not finished: `hydra_task` closes it whatever happens
 # What `resume_override` may change on resume, and how the new value reaches the live objects.
 OVERRIDABLE = ("train.lr", "train.base_lr", "train.min_lr", "optimizer.")
-
 
 
 class NonFiniteLossError(RunError):
@@ -77,13 +90,17 @@ def _dotted(config: Mapping[str, Any], key: str) -> Any:
     return config
 
 
-def _apply_overrides(changes: Mapping[str, list], *, optimizer: torch.optim.Optimizer, scheduler: Any, lr: float) -> None:
+def _apply_overrides(
+    changes: Mapping[str, list], *, optimizer: torch.optim.Optimizer, scheduler: Any, lr: float
+) -> None:
     """Put the new values of a resume into the restored optimizer and LR schedule."""
     for key, (_, new) in changes.items():
         if key in ("train.lr", "train.base_lr"):  # the schedule's peak: every group's base value
             scheduler.base_values = [lr for _ in scheduler.base_values]
             if scheduler.warmup_t:
-                scheduler.warmup_steps = [(v - scheduler.warmup_lr_init) / scheduler.warmup_t for v in scheduler.base_values]
+                scheduler.warmup_steps = [
+                    (v - scheduler.warmup_lr_init) / scheduler.warmup_t for v in scheduler.base_values
+                ]
             for group in optimizer.param_groups:
                 group["initial_lr"] = lr
         elif key == "train.min_lr":
@@ -113,7 +130,9 @@ def lock_run_folder(run_dir: Path) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         handle = open(path, "a+")
     except OSError as error:
-        raise RunError(f"cannot use run folder {run_dir}: {error.strerror}; choose a writable one (hydra.run.dir=...)") from None
+        raise RunError(
+            f"cannot use run folder {run_dir}: {error.strerror}; choose a writable one (hydra.run.dir=...)"
+        ) from None
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -241,7 +260,11 @@ class Run:
         self._tracked = dict(model=model, optimizer=optimizer, scheduler=scheduler, generators=generators)
         overrides = list(self.cfg.resume_override)
         for key in overrides:
-            if not key.startswith(OVERRIDABLE) or key in ("optimizer.name", "optimizer._target_", "optimizer._partial_"):
+            if not key.startswith(OVERRIDABLE) or key in (
+                "optimizer.name",
+                "optimizer._target_",
+                "optimizer._partial_",
+            ):
                 raise ConfigError(
                     f"resume_override has {key}: only train.lr, train.base_lr, train.min_lr and optimizer "
                     "hyperparameters can change when a run continues"
@@ -276,11 +299,18 @@ class Run:
             scheduler.step_update(state["step"])
         logging = self.cfg.logging
         self.log = RunLogger(
-            self.run_dir, self.config, enabled=self.is_main, project=logging.project,
-            name=logging.name or self.title, group=logging.group or _sweep, tags=[*self.tags, *logging.tags],
-            job_type=self.pipeline, epoch_metrics=self.epoch_metrics, mode=logging.mode,
+            self.run_dir,
+            self.config,
+            enabled=self.is_main,
+            project=logging.project,
+            name=logging.name or self.title,
+            group=logging.group or _sweep,
+            tags=[*self.tags, *logging.tags],
+            job_type=self.pipeline,
+            epoch_metrics=self.epoch_metrics,
+            mode=logging.mode,
             resume_step=state["step"] if state else None,
-        )  # fmt: skip
+        )
         if state and self.is_main:
             tqdm.write(f"resumed from {path} at {position(state)}")
             if self.resume_overrides and self.resume_overrides[-1]["step"] == state["step"]:
@@ -305,9 +335,13 @@ class Run:
             self.log.checkpoint(path, step=step)  # before the file: a resume from it always finds its marker
         if self.is_main or sharded:
             state = training_state(
-                **self._tracked, step=step, config=self.config, elapsed_s=self.elapsed_s,
-                resume_overrides=self.resume_overrides, **extra,
-            )  # fmt: skip
+                **self._tracked,
+                step=step,
+                config=self.config,
+                elapsed_s=self.elapsed_s,
+                resume_overrides=self.resume_overrides,
+                **extra,
+            )
             save_checkpoint(state, path)
         if self.is_main:
             prune_old_checkpoints(self.run_dir, keep=self.cfg.train.keep_checkpoints)
@@ -418,7 +452,9 @@ class RunCallbacks(Callback):
             probe.write_text("")
             probe.unlink()
         except OSError as error:
-            sys.exit(f"error: {key}={folder} cannot be written ({error.strerror}); choose a writable folder ({key}=...)")
+            sys.exit(
+                f"error: {key}={folder} cannot be written ({error.strerror}); choose a writable folder ({key}=...)"
+            )
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         from hydra.core.hydra_config import HydraConfig
@@ -454,15 +490,30 @@ def _close_open_run(exit_code: int) -> None:
         _open_run.close(exit_code=exit_code)
 
 
-def record_failed_cell(run_dir: Path, *, pipeline: str, reason: str, exit_code: int | None, step: int | None,
-                       config: Mapping[str, Any] | None, **extra: Any) -> dict:
+def record_failed_cell(
+    run_dir: Path,
+    *,
+    pipeline: str,
+    reason: str,
+    exit_code: int | None,
+    step: int | None,
+    config: Mapping[str, Any] | None,
+    **extra: Any,
+) -> dict:
     """Write a failed cell's `failed.json` (what `RunCallbacks`, `horst-tables` and
     `horst-sweep-status` read) and return it. `extra`: e.g. the SLURM job and its state."""
     numbers = pipeline_of({"pipeline": pipeline}).numbers(config, None) if config else []  # what it would have measured
     record = {
-        "pipeline": pipeline, "status": "failed", "exit_code": exit_code, "reason": reason, "step": step, **extra,
-        "git_commit": git_commit(Path(__file__).parent), "config": config, "numbers": numbers,
-    }  # fmt: skip
+        "pipeline": pipeline,
+        "status": "failed",
+        "exit_code": exit_code,
+        "reason": reason,
+        "step": step,
+        **extra,
+        "git_commit": git_commit(Path(__file__).parent),
+        "config": config,
+        "numbers": numbers,
+    }
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(run_dir / FAILED_FILE, record)
     return record
@@ -522,8 +573,15 @@ def hydra_task(task: Callable[..., dict], cfg: DictConfig) -> dict | None:
         _close_open_run(exit_code)  # a finished run closed itself; a preempted one has closed its log
         shutdown_distributed()
     record = record_failed_cell(
-        run_dir, pipeline=cfg.pipeline, reason=reason, exit_code=exit_code,
-        step=step, config=OmegaConf.to_container(cfg, resolve=True),
-    )  # fmt: skip
-    print(f"error: cell {hydra_cfg.job.num} failed ({reason}); recorded in {run_dir / FAILED_FILE}, going on", file=sys.stderr)
+        run_dir,
+        pipeline=cfg.pipeline,
+        reason=reason,
+        exit_code=exit_code,
+        step=step,
+        config=OmegaConf.to_container(cfg, resolve=True),
+    )
+    print(
+        f"error: cell {hydra_cfg.job.num} failed ({reason}); recorded in {run_dir / FAILED_FILE}, going on",
+        file=sys.stderr,
+    )
     return record

@@ -148,8 +148,11 @@ def prunable_set(model: Any, acdc: DictConfig) -> dict:
         try:
             pruning.prunable_parameters(model, patterns=[pattern])
         except ValueError:
-            names = [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)
-                     and not any(re.search(x, name) for x in pruning.DEFAULT_EXCLUDE)]  # fmt: skip
+            names = [
+                name
+                for name, module in model.named_modules()
+                if isinstance(module, torch.nn.Linear) and not any(re.search(x, name) for x in pruning.DEFAULT_EXCLUDE)
+            ]
             raise ConfigError(
                 f"acdc.patterns has {pattern!r}, which matches no prunable layer of the model (regexes on module "
                 f"names: {', '.join(names[:3])}, ..., {names[-1]}; the head and patch embedding are never pruned)"
@@ -198,7 +201,10 @@ def validate(cfg: DictConfig, *, world_size: int) -> None:
         all(n % p == 0 for n, p in zip(pair(m.img_size), pair(m.patch_size))),
         f"model.img_size={m.img_size} must be a multiple of model.patch_size={m.patch_size}",
     )
-    require(m.embed_dim % m.num_heads == 0, f"model.embed_dim={m.embed_dim} must be divisible by model.num_heads={m.num_heads}")
+    require(
+        m.embed_dim % m.num_heads == 0,
+        f"model.embed_dim={m.embed_dim} must be divisible by model.num_heads={m.num_heads}",
+    )
     require(0 <= m.drop_path < 1, f"model.drop_path={m.drop_path} must be in [0, 1)")
 
     require(t.base_batch_size > 0, f"train.base_batch_size={t.base_batch_size} must be positive")
@@ -219,7 +225,10 @@ def validate(cfg: DictConfig, *, world_size: int) -> None:
         f"train.batch_size={t.batch_size} over {world_size} processes must give an even batch per process "
         "(timm's Mixup pairs images)",
     )
-    require(0 <= t.min_lr <= lr, f"train.min_lr={t.min_lr} must be in [0, lr={lr:g}] (lr = base_lr x batch_size / base_batch_size)")
+    require(
+        0 <= t.min_lr <= lr,
+        f"train.min_lr={t.min_lr} must be in [0, lr={lr:g}] (lr = base_lr x batch_size / base_batch_size)",
+    )
     require(t.warmup_lr >= 0, f"train.warmup_lr={t.warmup_lr} must be >= 0")
     require(0 <= t.warmup_epochs < t.epochs, f"train.warmup_epochs={t.warmup_epochs} must be in [0, train.epochs)")
     require(t.grad_clip >= 0, f"train.grad_clip={t.grad_clip} must be >= 0 (0 disables clipping)")
@@ -232,16 +241,23 @@ def validate(cfg: DictConfig, *, world_size: int) -> None:
         cfg.eval_split in EVAL_SPLITS,
         f"eval_split={cfg.eval_split!r} is unknown; use validation (tuning, monitoring) or test (the reported numbers)",
     )
-    require(d.name in DATASETS, f"data.name={d.name!r} is unknown; use digits or imagefolder (ImageNet layout) or mnist1d")
+    require(
+        d.name in DATASETS, f"data.name={d.name!r} is unknown; use digits or imagefolder (ImageNet layout) or mnist1d"
+    )
     if d.name in ("digits", "mnist1d"):
-        require(d.val_fraction is not None and 0 < d.val_fraction < 1, f"data.val_fraction={d.val_fraction} must be in (0, 1)")
+        require(
+            d.val_fraction is not None and 0 < d.val_fraction < 1,
+            f"data.val_fraction={d.val_fraction} must be in (0, 1)",
+        )
         require(
             d.test_fraction is None or 0 <= d.test_fraction < 1 - d.val_fraction,
             f"data.test_fraction={d.test_fraction} must be in [0, 1 - data.val_fraction) or null (no test split)",
         )
     if d.name == "mnist1d":
         require(d.num_samples is not None and d.num_samples >= 100, f"data.num_samples={d.num_samples} must be >= 100")
-        require(pair(m.img_size) == (1, 40), f"model.img_size={m.img_size} must be [1, 40] for MNIST-1D (model=vit_mnist1d)")
+        require(
+            pair(m.img_size) == (1, 40), f"model.img_size={m.img_size} must be [1, 40] for MNIST-1D (model=vit_mnist1d)"
+        )
     if d.name == "imagefolder":
         require(
             d.minival_size is not None and d.minival_size > 0,
@@ -251,7 +267,10 @@ def validate(cfg: DictConfig, *, world_size: int) -> None:
     require(d.repeated_aug >= 1, f"data.repeated_aug={d.repeated_aug} must be >= 1 (1: no repeated augmentation)")
 
     scale = list(a.scale)
-    require(len(scale) == 2 and 0 < scale[0] <= scale[1] <= 1, f"aug.scale={scale} must be [low, high] with 0 < low <= high <= 1")
+    require(
+        len(scale) == 2 and 0 < scale[0] <= scale[1] <= 1,
+        f"aug.scale={scale} must be [low, high] with 0 < low <= high <= 1",
+    )
     for key in ("hflip", "re_prob", "mixup_prob", "mixup_switch_prob"):
         require(0 <= a[key] <= 1, f"aug.{key}={a[key]} must be in [0, 1]")
     for key in ("mixup", "cutmix", "color_jitter"):
@@ -282,19 +301,21 @@ def validate(cfg: DictConfig, *, world_size: int) -> None:
         n, _, m = str(c.pattern).partition(":")
         require(
             n.isdigit() and m.isdigit() and 0 < int(n) < int(m),
-            f"acdc.pattern={c.pattern!r} is unknown; use unstructured or n:m such as \"2:4\"",
+            f'acdc.pattern={c.pattern!r} is unknown; use unstructured or n:m such as "2:4"',
         )
         require(
             abs(c.sparsity - (1 - int(n) / int(m))) < 1e-9,
             f"acdc.pattern={c.pattern} prunes {1 - int(n) / int(m):g} of the weights; set acdc.sparsity={1 - int(n) / int(m):g}",
         )
-    require(c.preset in pruning.PRESETS, f"acdc.preset={c.preset!r} is unknown; use one of {', '.join(pruning.PRESETS)}")
+    require(
+        c.preset in pruning.PRESETS, f"acdc.preset={c.preset!r} is unknown; use one of {', '.join(pruning.PRESETS)}"
+    )
     for pattern in c.patterns:
         n, colon, m = str(pattern).partition(":")
         if colon and n.isdigit() and m.isdigit():  # an N:M pattern given where module names belong
             raise ConfigError(
                 f"acdc.patterns has {pattern!r}, but acdc.patterns are module-name regexes added to the prunable set; "
-                f"for {pattern} masks use acdc.pattern=\"{pattern}\" acdc.sparsity={1 - int(n) / int(m):g}"
+                f'for {pattern} masks use acdc.pattern="{pattern}" acdc.sparsity={1 - int(n) / int(m):g}'
             )
         try:
             re.compile(pattern)
@@ -304,4 +325,3 @@ def validate(cfg: DictConfig, *, world_size: int) -> None:
     acdc_schedule(c, epochs=t.epochs)
 
     validate_run(cfg)
-

@@ -24,8 +24,9 @@ import hashlib
 import json
 import os
 import random
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -61,7 +62,9 @@ SPLITS = ("train", "validation", "test")  # validation: monitoring and tuning; t
 SPLIT_SEED = 0  # of every fixed split: the same data for every run seed
 
 
-def stratified_splits(targets: np.ndarray, *, val_fraction: float, test_fraction: float | None) -> dict[str, np.ndarray]:
+def stratified_splits(
+    targets: np.ndarray, *, val_fraction: float, test_fraction: float | None
+) -> dict[str, np.ndarray]:
     """Indices of a fixed stratified train / validation / test split (independent of the run's
     seed: seeds vary the training, not the data). Validation is drawn first, the test split
     from the rest, so a test split leaves the validation images as they were without one."""
@@ -145,7 +148,13 @@ class Mnist1DDataset(Dataset):
     so no image transform applies; items are `(tensor [1, 1, 40], label)`."""
 
     def __init__(
-        self, split: str, *, num_samples: int, val_fraction: float, test_fraction: float | None, cache: str | None = None
+        self,
+        split: str,
+        *,
+        num_samples: int,
+        val_fraction: float,
+        test_fraction: float | None,
+        cache: str | None = None,
     ) -> None:
         x, y = mnist1d_examples(num_samples, cache=cache)
         self.indices = stratified_splits(y, val_fraction=val_fraction, test_fraction=test_fraction)[split]
@@ -287,9 +296,13 @@ class ImageData:
 
 
 def build_datasets(
-    data: Mapping[str, Any], aug: Mapping[str, Any], *, img_size: int, eval_split: str = "validation",
+    data: Mapping[str, Any],
+    aug: Mapping[str, Any],
+    *,
+    img_size: int,
+    eval_split: str = "validation",
     skipped_log: Path | None = None,
-) -> ImageData:  # fmt: skip
+) -> ImageData:
     """The train, validation and (with `eval_split="test"`) test sets of `data.name`:
     digits or mnist1d (fixed stratified splits, `stratified_splits`), or an ImageFolder root
     (validation: the minival held out of `train/`, `minival_indices`; test: `val/`, the
@@ -310,10 +323,17 @@ def build_datasets(
         else:
             train_transform, eval_transform = build_transforms(aug, img_size=img_size)
             transforms = {"train": train_transform, "validation": eval_transform, "test": eval_transform}
-            splits = {s: DigitsDataset(s, transform=transforms[s], **fractions) for s in SPLITS if s != "test" or with_test}
+            splits = {
+                s: DigitsDataset(s, transform=transforms[s], **fractions) for s in SPLITS if s != "test" or with_test
+            }
             in_chans = 3
-        sources = {split: f"{len(dataset)} of the {name} examples (fixed stratified split)" for split, dataset in splits.items()}
-        return ImageData(splits["train"], splits["validation"], splits.get("test"), splits["train"].classes, sources, in_chans)
+        sources = {
+            split: f"{len(dataset)} of the {name} examples (fixed stratified split)"
+            for split, dataset in splits.items()
+        }
+        return ImageData(
+            splits["train"], splits["validation"], splits.get("test"), splits["train"].classes, sources, in_chans
+        )
 
     classes = check_imagefolder_root(data["root"])
     root = Path(data["root"]).expanduser()
@@ -324,7 +344,9 @@ def build_datasets(
     held_set = set(held)
     train = _with_samples(full_train, [i for i in range(len(full_train.samples)) if i not in held_set], train_transform)
     validation = _with_samples(full_train, held, eval_transform)
-    test = _image_folder(root / "val", eval_transform, skip_corrupt=skip, skipped_log=skipped_log) if with_test else None
+    test = (
+        _image_folder(root / "val", eval_transform, skip_corrupt=skip, skipped_log=skipped_log) if with_test else None
+    )
     minival = [Path(p).relative_to(root / "train").as_posix() for p, _ in validation.samples]
     sources = {
         "train": f"train/ less the {len(held)} minival images",

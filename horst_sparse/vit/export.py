@@ -10,8 +10,9 @@ phase's sparse model: exported as it is, in float32, pruned entries exact zeros.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
@@ -47,8 +48,13 @@ def export_vit(model: torch.nn.Module, cfg, out: str | Path, *, num_classes: int
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     m = cfg.model
-    model_args = {"img_size": m.img_size, "patch_size": m.patch_size, "embed_dim": m.embed_dim, "depth": m.depth,
-                  "num_heads": m.num_heads}  # fmt: skip
+    model_args = {
+        "img_size": m.img_size,
+        "patch_size": m.patch_size,
+        "embed_dim": m.embed_dim,
+        "depth": m.depth,
+        "num_heads": m.num_heads,
+    }
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     data_config = eval_data_config(cfg.aug, img_size=m.img_size)
@@ -72,24 +78,35 @@ def export_vit(model: torch.nn.Module, cfg, out: str | Path, *, num_classes: int
     return facts
 
 
-def export_run(run: RunFolder, out: str | Path, *, sparsity: float | None = None, method: str = "magnitude",
-               pattern: str = "unstructured") -> dict[str, Any]:  # fmt: skip
+def export_run(
+    run: RunFolder,
+    out: str | Path,
+    *,
+    sparsity: float | None = None,
+    method: str = "magnitude",
+    pattern: str = "unstructured",
+) -> dict[str, Any]:
     """Export the final sparse model of a completed ViT run (its summary written)."""
     run_dir, state, cfg, summary = run.path, run.state, run.cfg, run.summary
     if (method, pattern) != ("magnitude", "unstructured"):
-        raise RunError(f"{run_dir} is a ViT run: its export is the final AC/DC model as trained; --method and --pattern "
-                       "prune GPT-2 runs only")  # fmt: skip
+        raise RunError(
+            f"{run_dir} is a ViT run: its export is the final AC/DC model as trained; --method and --pattern "
+            "prune GPT-2 runs only"
+        )
     if sparsity is not None:
         raise RunError("--sparsity applies to GPT-2 only: a ViT run's final model is already sparse (acdc.sparsity)")
     if not summary or state.get("epoch") != cfg.train.epochs:
-        raise RunError(f"{run_dir} is not a completed ViT run (no summary.json or its last checkpoint is not the final "
-                       "epoch's): its final compressed phase is the model to export; finish the run first")  # fmt: skip
+        raise RunError(
+            f"{run_dir} is not a completed ViT run (no summary.json or its last checkpoint is not the final "
+            "epoch's): its final compressed phase is the model to export; finish the run first"
+        )
     num_classes = state["model"]["head.weight"].shape[0]
     in_chans = state["model"]["patch_embed.proj.weight"].shape[1]  # the data's: 1 for MNIST-1D
     model = build_model(cfg.model, num_classes=num_classes, in_chans=in_chans)
     model.load_state_dict(state["model"])
     model.eval()
     return export_vit(model, cfg, out, num_classes=num_classes, summary=summary)
+
 
 # ---- model card ------------------------------------------------------------------------------
 
@@ -104,7 +121,7 @@ library_name: timm
 tags: [image-classification, vision-transformer, sparse, acdc]
 ---
 
-# ViT ({cfg.model.name}), AC/DC at {facts['sparsity']:.0%}, {facts['pattern']}
+# ViT ({cfg.model.name}), AC/DC at {facts["sparsity"]:.0%}, {facts["pattern"]}
 
 A timm VisionTransformer trained with the HORST repository's AC/DC pipeline (`train_vit.py`);
 the final compressed phase's sparse model.
@@ -112,10 +129,10 @@ the final compressed phase's sparse model.
 | | |
 |---|---|
 | optimizer | {optimizer_line(cfg)} |
-| model | timm `{facts['timm_name']}` with {args}, {facts['num_classes']} classes |
-| training data | {cfg.data.name} ({data.get('train_images', '?')} training images), {cfg.train.epochs} epochs, seed {cfg.seed} |
-| sparsity | AC/DC target {facts['sparsity']}, pattern {facts['pattern']}; measured {facts['measured_sparsity']:.4f} of the block matrices (qkv, proj, fc1, fc2; exact zeros) |
-| validation | top-1 {top1}, top-5 {top5} on {data.get('val_images', '?')} validation images (the run's final evaluation) |
+| model | timm `{facts["timm_name"]}` with {args}, {facts["num_classes"]} classes |
+| training data | {cfg.data.name} ({data.get("train_images", "?")} training images), {cfg.train.epochs} epochs, seed {cfg.seed} |
+| sparsity | AC/DC target {facts["sparsity"]}, pattern {facts["pattern"]}; measured {facts["measured_sparsity"]:.4f} of the block matrices (qkv, proj, fc1, fc2; exact zeros) |
+| validation | top-1 {top1}, top-5 {top5} on {data.get("val_images", "?")} validation images (the run's final evaluation) |
 | provenance | {commits(summary)} |
 
 ```python
@@ -125,5 +142,5 @@ transform = timm.data.create_transform(**timm.data.resolve_data_config(model=mod
 ```
 
 The preprocessing in config.json is the recipe's eval transform: resize to
-{facts['data_config']['input_size'][-1]} / {facts['data_config']['crop_pct']} ({facts['data_config']['interpolation']}), centre crop {facts['data_config']['input_size'][-1]}, ImageNet mean/std.
+{facts["data_config"]["input_size"][-1]} / {facts["data_config"]["crop_pct"]} ({facts["data_config"]["interpolation"]}), centre crop {facts["data_config"]["input_size"][-1]}, ImageNet mean/std.
 """

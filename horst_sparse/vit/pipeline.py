@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from horst_sparse.pipeline import Pipeline, TuningScore
 from horst_sparse.vit import export
@@ -26,8 +27,15 @@ def numbers(config: Mapping[str, Any], summary: Mapping[str, Any] | None) -> lis
     """Top-1 (%) of the final sparse model at the AC/DC target."""
     acdc = config["acdc"]
     top1 = None if summary is None or summary.get("top1") is None else 100.0 * summary["top1"]
-    return [{"metric": "top1", "method": "acdc", "pattern": acdc.get("pattern", "unstructured"),
-             "sparsity": float(acdc["sparsity"]), "value": top1}]  # fmt: skip
+    return [
+        {
+            "metric": "top1",
+            "method": "acdc",
+            "pattern": acdc.get("pattern", "unstructured"),
+            "sparsity": float(acdc["sparsity"]),
+            "value": top1,
+        }
+    ]
 
 
 def validation_top1(summary: Mapping[str, Any]) -> float:

@@ -32,8 +32,14 @@ from horst_sparse.training.runner import Run
 from horst_sparse.training.schedule import build_lr_scheduler
 from horst_sparse.vit.config import acdc_schedule, prunable_set, scaled_lr, validate
 from horst_sparse.vit.data import (
-    ImageData, TrainLoader, build_datasets, build_mixup, epoch_seed, eval_loader, skipped_images,
-)  # fmt: skip
+    ImageData,
+    TrainLoader,
+    build_datasets,
+    build_mixup,
+    epoch_seed,
+    eval_loader,
+    skipped_images,
+)
 from horst_sparse.vit.model import build_model, evaluate
 
 # Besides horst_sparse.training.no_effect.NO_EFFECT, a continued run may change which split its final model is
@@ -69,10 +75,24 @@ def check_resume_position(state: dict, path: Path, *, world_size: int, steps_per
 
 
 def summarize(
-    cfg: DictConfig, *, data: ImageData, skipped_log: Path, model: torch.nn.Module, lr: float,
-    schedule: pruning.ACDCSchedule, history: list[dict], final: dict, eval_images: int, sparsity: dict, step: int,
-    final_train_loss: float, wall_time_s: float, world_size: int, device: torch.device, dtype: torch.dtype,
-) -> dict:  # fmt: skip
+    cfg: DictConfig,
+    *,
+    data: ImageData,
+    skipped_log: Path,
+    model: torch.nn.Module,
+    lr: float,
+    schedule: pruning.ACDCSchedule,
+    history: list[dict],
+    final: dict,
+    eval_images: int,
+    sparsity: dict,
+    step: int,
+    final_train_loss: float,
+    wall_time_s: float,
+    world_size: int,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> dict:
     """The run's summary.json: the settings that identify it, the final sparse model's accuracy
     (`final`, on `cfg.eval_split`) and `sparsity`, and every epoch's `history`."""
     t, acdc = cfg.train, cfg.acdc
@@ -136,11 +156,15 @@ def summarize(
 def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
     """Train under AC/DC as `cfg` says, writing into `run_dir`; returns the summary."""
     r = Run(
-        cfg, run_dir, validate=validate, pipeline="vit", lr_key="train.base_lr",
+        cfg,
+        run_dir,
+        validate=validate,
+        pipeline="vit",
+        lr_key="train.base_lr",
         title=f"{cfg.model.name} {optimizer_label(cfg.optimizer)} s{cfg.acdc.sparsity:g} seed{cfg.seed}",
         tags=[cfg.optimizer.name, cfg.model.name, f"sparsity={cfg.acdc.sparsity:g}", cfg.data.name],
         epoch_metrics=("val/*", "sparsity/*", "train/epoch_loss"),
-    )  # fmt: skip
+    )
     dist, device, t, acdc = r.dist, r.device, cfg.train, cfg.acdc
     channels_last = device.type == "cuda"
 
@@ -155,14 +179,23 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
     mixup, criterion = build_mixup(cfg.aug, num_classes=len(classes))
     pin_memory = cfg.data.pin_memory and device.type == "cuda"
     train_batches = TrainLoader(
-        train_set, batch_size=t.batch_size // dist.world_size, seed=cfg.seed, rank=dist.rank,
-        world_size=dist.world_size, repeated_aug=cfg.data.repeated_aug, num_workers=cfg.data.num_workers,
+        train_set,
+        batch_size=t.batch_size // dist.world_size,
+        seed=cfg.seed,
+        rank=dist.rank,
+        world_size=dist.world_size,
+        repeated_aug=cfg.data.repeated_aug,
+        num_workers=cfg.data.num_workers,
         pin_memory=pin_memory,
-    )  # fmt: skip
+    )
     val_batches = eval_loader(
-        val_set, batch_size=t.eval_batch_size, rank=dist.rank, world_size=dist.world_size,
-        num_workers=cfg.data.num_workers, pin_memory=pin_memory,
-    )  # fmt: skip
+        val_set,
+        batch_size=t.eval_batch_size,
+        rank=dist.rank,
+        world_size=dist.world_size,
+        num_workers=cfg.data.num_workers,
+        pin_memory=pin_memory,
+    )
     steps_per_epoch = len(train_batches)
     if steps_per_epoch == 0:
         raise ConfigError(f"train.batch_size={t.batch_size} exceeds the {len(train_set)} training images; lower it")
@@ -177,9 +210,12 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
     lr = scaled_lr(t)
     optimizer = build_optimizer(cfg.optimizer, model, lr=lr, prunable_names=prunable.keys())
     scheduler = build_lr_scheduler(
-        optimizer, total_steps=t.epochs * steps_per_epoch, warmup_steps=t.warmup_epochs * steps_per_epoch,
-        min_lr=t.min_lr, warmup_lr=t.warmup_lr,
-    )  # fmt: skip
+        optimizer,
+        total_steps=t.epochs * steps_per_epoch,
+        warmup_steps=t.warmup_epochs * steps_per_epoch,
+        min_lr=t.min_lr,
+        warmup_lr=t.warmup_lr,
+    )
 
     check = functools.partial(
         check_resume_position, world_size=dist.world_size, steps_per_epoch=steps_per_epoch, train_images=len(train_set)
@@ -191,9 +227,14 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
         return f"{at} ({schedule.phase(min(epoch, t.epochs - 1))} phase)"
 
     state = r.restore(
-        model=model, optimizer=optimizer, scheduler=scheduler, lr=lr, may_change=MAY_CHANGE_ON_RESUME, check=check,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        lr=lr,
+        may_change=MAY_CHANGE_ON_RESUME,
+        check=check,
         position=position,
-    )  # fmt: skip
+    )
     # `batch`: batches of `epoch` done; `epoch_loss`: the sum of their (mean over processes) losses.
     epoch, batch, step, epoch_loss, history = 0, 0, 0, 0.0, []
     if state:
@@ -205,14 +246,22 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
     forward_model = torch.compile(model) if cfg.compile else model
     train_model = forward_model
     if dist.enabled:
-        train_model = DistributedDataParallel(forward_model, device_ids=[device.index] if device.type == "cuda" else None)
+        train_model = DistributedDataParallel(
+            forward_model, device_ids=[device.index] if device.type == "cuda" else None
+        )
 
     # Summed on the device in float64 (as the float sum of each update's loss): no host sync per step.
     epoch_loss = torch.tensor(epoch_loss, dtype=torch.float64, device=device)
 
     def extra_state() -> dict:
-        return dict(epoch=epoch, batch=batch, epoch_loss=epoch_loss.item(), world_size=dist.world_size,
-                    masks=sparsifier.state_dict(), history=history)  # fmt: skip
+        return dict(
+            epoch=epoch,
+            batch=batch,
+            epoch_loss=epoch_loss.item(),
+            world_size=dist.world_size,
+            masks=sparsifier.state_dict(),
+            history=history,
+        )
 
     # ---- training ------------------------------------------------------------------------------
     bar = progress_bar(total=t.epochs * steps_per_epoch, initial=step, disable=not r.is_main)
@@ -271,7 +320,9 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
                 images_per_s = t.batch_size * (step - ticked_step) / (time.time() - tick)
                 tick, ticked_step = time.time(), step
                 r.log.log({"train/loss": train_loss, "train/lr": lr_now, "perf/images_per_s": images_per_s}, step=step)
-                bar.set_postfix(loss=f"{train_loss:.3f}", lr=f"{lr_now:.2e}", img_s=f"{images_per_s:.0f}", refresh=False)
+                bar.set_postfix(
+                    loss=f"{train_loss:.3f}", lr=f"{lr_now:.2e}", img_s=f"{images_per_s:.0f}", refresh=False
+                )
             # Every process polls at the same batch (a collective under DDP: not every update there).
             if (not dist.enabled or step % max(t.log_interval, 1) == 0) and r.preempted():
                 r.exit_for_requeue(step=step, bar=bar, **extra_state())  # the requeued run continues at the next batch
@@ -321,20 +372,37 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
     eval_set = data.split(cfg.eval_split)
     if cfg.eval_split == "test":
         test_batches = eval_loader(
-            eval_set, batch_size=t.eval_batch_size, rank=dist.rank, world_size=dist.world_size,
-            num_workers=cfg.data.num_workers, pin_memory=pin_memory,
-        )  # fmt: skip
+            eval_set,
+            batch_size=t.eval_batch_size,
+            rank=dist.rank,
+            world_size=dist.world_size,
+            num_workers=cfg.data.num_workers,
+            pin_memory=pin_memory,
+        )
         test = evaluate(forward_model, test_batches, device=device, dtype=r.dtype, channels_last=channels_last)
         final.update(top1=test["top1"], top5=test["top5"])
         r.log.log({"test/top1": test["top1"], "test/top5": test["top5"], "test/loss": test["loss"]}, step=step)
     sparsity = pruning.sparsity_stats(prunable)
     summary = r.finish(
         summarize(
-            cfg, data=data, skipped_log=skipped_log, model=model, lr=lr, schedule=schedule, history=history,
-            final=final, eval_images=len(eval_set), sparsity=sparsity, step=step, final_train_loss=step_loss.item(),
-            wall_time_s=r.elapsed_s, world_size=dist.world_size, device=device, dtype=r.dtype,
+            cfg,
+            data=data,
+            skipped_log=skipped_log,
+            model=model,
+            lr=lr,
+            schedule=schedule,
+            history=history,
+            final=final,
+            eval_images=len(eval_set),
+            sparsity=sparsity,
+            step=step,
+            final_train_loss=step_loss.item(),
+            wall_time_s=r.elapsed_s,
+            world_size=dist.world_size,
+            device=device,
+            dtype=r.dtype,
         )
-    )  # fmt: skip
+    )
     if r.is_main:
         print(
             f"final sparse model ({cfg.model.name}: {summary['model']['parameters'] / 1e6:.2f}M parameters, "

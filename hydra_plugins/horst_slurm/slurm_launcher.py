@@ -18,12 +18,14 @@
 import json
 import logging
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
+
 from hydra_plugins.hydra_submitit_launcher.config import SlurmQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as SubmititSlurmLauncher
 
@@ -97,28 +99,44 @@ class SlurmLauncher(SubmititSlurmLauncher):
         indices = [initial_job_idx + i for i in range(len(job_overrides))]
         for index, overrides in zip(indices, job_overrides):
             log.info(f"\t#{index} : {' '.join(filter_overrides(overrides))}")
-        arguments = [(list(o), "hydra.sweep.dir", i, f"job_id_for_{i}", Singleton.get_state())
-                     for i, o in zip(indices, job_overrides)]  # fmt: skip
+        arguments = [
+            (list(o), "hydra.sweep.dir", i, f"job_id_for_{i}", Singleton.get_state())
+            for i, o in zip(indices, job_overrides)
+        ]
         cells = [self._cell(o, i) for i, o in zip(indices, job_overrides)]
         jobs = executor.map_array(self, *zip(*arguments))
         self._write_jobs_file(sweep_dir, folder, indices, job_overrides, cells, jobs)
-        print(f"submitted {len(jobs)} cell(s) as SLURM job {jobs[0].job_id.split('_')[0]}; their state: "
-              f"horst-sweep-status {sweep_dir}", file=sys.stderr)  # fmt: skip
+        print(
+            f"submitted {len(jobs)} cell(s) as SLURM job {jobs[0].job_id.split('_')[0]}; their state: "
+            f"horst-sweep-status {sweep_dir}",
+            file=sys.stderr,
+        )
         if not self.wait:
-            return [self._job_return(o, {"status": "submitted", "slurm_job_id": j.job_id})
-                    for o, j in zip(job_overrides, jobs)]  # fmt: skip
-        return [self._wait(job, overrides, run_dir, config)
-                for job, overrides, (run_dir, config) in zip(jobs, job_overrides, cells)]  # fmt: skip
+            return [
+                self._job_return(o, {"status": "submitted", "slurm_job_id": j.job_id})
+                for o, j in zip(job_overrides, jobs)
+            ]
+        return [
+            self._wait(job, overrides, run_dir, config)
+            for job, overrides, (run_dir, config) in zip(jobs, job_overrides, cells)
+        ]
 
     def _write_jobs_file(self, sweep_dir, folder, indices, job_overrides, cells, jobs) -> None:
         path = sweep_dir / JOBS_FILE
         previous = json.loads(path.read_text())["cells"] if path.exists() else []  # a sweeper's earlier batches
         new = [
-            {"num": i, "slurm_job_id": job.job_id, "run_dir": str(run_dir), "overrides": list(overrides), "config": config}
+            {
+                "num": i,
+                "slurm_job_id": job.job_id,
+                "run_dir": str(run_dir),
+                "overrides": list(overrides),
+                "config": config,
+            }
             for i, overrides, (run_dir, config), job in zip(indices, job_overrides, cells, jobs)
-        ]  # fmt: skip
-        path.write_text(json.dumps({"pipeline": self.config.pipeline, "submitit_folder": folder, "cells": previous + new},
-                                   indent=1))  # fmt: skip
+        ]
+        path.write_text(
+            json.dumps({"pipeline": self.config.pipeline, "submitit_folder": folder, "cells": previous + new}, indent=1)
+        )
 
     @staticmethod
     def _job_return(overrides: Sequence[str], value: Any) -> JobReturn:
@@ -134,13 +152,23 @@ class SlurmLauncher(SubmititSlurmLauncher):
 
         try:
             return self._job_return(overrides, job.results()[0])
-        except UncompletedJobError as error:  # FailedJobError too: an error outside the task (hydra_task records its own)
+        except (
+            UncompletedJobError
+        ) as error:  # FailedJobError too: an error outside the task (hydra_task records its own)
             state = job.state
             message = " ".join(str(error).strip().splitlines()[:2])  # which job, and what submitit saw
             reason = f"SLURM job {job.job_id} ended {state}: {message}"
             record = record_failed_cell(
-                run_dir, pipeline=self.config.pipeline, reason=reason,
-                exit_code=None, step=None, config=config, slurm_job_id=job.job_id, slurm_state=state,
-            )  # fmt: skip
-            print(f"error: cell {run_dir.name} failed ({reason}); recorded in {run_dir / 'failed.json'}", file=sys.stderr)
+                run_dir,
+                pipeline=self.config.pipeline,
+                reason=reason,
+                exit_code=None,
+                step=None,
+                config=config,
+                slurm_job_id=job.job_id,
+                slurm_state=state,
+            )
+            print(
+                f"error: cell {run_dir.name} failed ({reason}); recorded in {run_dir / 'failed.json'}", file=sys.stderr
+            )
             return self._job_return(overrides, record)

@@ -44,7 +44,10 @@ def cell_states(sweep_dir: Path) -> list[dict]:
 
     manifest = json.loads((sweep_dir / JOBS_FILE).read_text())
     cells = manifest["cells"]
-    jobs = {c["slurm_job_id"]: submitit.SlurmJob(folder=manifest["submitit_folder"], job_id=c["slurm_job_id"]) for c in cells}
+    jobs = {
+        c["slurm_job_id"]: submitit.SlurmJob(folder=manifest["submitit_folder"], job_id=c["slurm_job_id"])
+        for c in cells
+    }
     rows = []
     for cell in cells:
         run_dir, job_id = Path(cell["run_dir"]), cell["slurm_job_id"]
@@ -59,15 +62,24 @@ def cell_states(sweep_dir: Path) -> list[dict]:
                 state, detail = "pending", f"SLURM job {job_id} {slurm_state}"
             elif name in RUNNING:
                 step = last_step(run_dir)
-                state, detail = "running", f"SLURM job {job_id}" + (f", at step {step}" if step is not None else ", starting")
+                state, detail = (
+                    "running",
+                    f"SLURM job {job_id}" + (f", at step {step}" if step is not None else ", starting"),
+                )
             else:  # ended without a summary: SLURM ended it, or it died outside Python's reach
                 from horst_sparse.training.runner import record_failed_cell  # torch and all: only when needed
 
                 state, detail = "failed", f"SLURM job {job_id} ended {slurm_state} without a summary"
                 record_failed_cell(
-                    run_dir, pipeline=manifest["pipeline"], reason=detail, exit_code=None, step=None,
-                    config=cell["config"], slurm_job_id=job_id, slurm_state=slurm_state,
-                )  # fmt: skip
+                    run_dir,
+                    pipeline=manifest["pipeline"],
+                    reason=detail,
+                    exit_code=None,
+                    step=None,
+                    config=cell["config"],
+                    slurm_job_id=job_id,
+                    slurm_state=slurm_state,
+                )
         rows.append({"num": cell["num"], "state": state, "detail": detail, "run_dir": str(run_dir)})
     return rows
 
@@ -75,12 +87,16 @@ def cell_states(sweep_dir: Path) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="horst-sweep-status", description=__doc__.split("\n\n")[0])
     parser.add_argument("sweep_dir", type=Path, help="the multirun's folder (hydra.sweep.dir), holding jobs.json")
-    parser.add_argument("--tables", type=Path, metavar="OUT",
-                        help="then write the tables of the finished cells into OUT (horst-tables)")  # fmt: skip
+    parser.add_argument(
+        "--tables", type=Path, metavar="OUT", help="then write the tables of the finished cells into OUT (horst-tables)"
+    )
     args = parser.parse_args(argv)
     if not (args.sweep_dir / JOBS_FILE).is_file():
-        parser.exit(2, f"error: {args.sweep_dir / JOBS_FILE} not found: give the folder of a sweep submitted with "
-                       "hydra/launcher=slurm or slurm_1gpu (hydra.sweep.dir)\n")  # fmt: skip
+        parser.exit(
+            2,
+            f"error: {args.sweep_dir / JOBS_FILE} not found: give the folder of a sweep submitted with "
+            "hydra/launcher=slurm or slurm_1gpu (hydra.sweep.dir)\n",
+        )
     rows = cell_states(args.sweep_dir)
     width = max(len(Path(r["run_dir"]).name) for r in rows)
     for row in rows:

@@ -80,12 +80,17 @@ def validate(cfg: Any, *, world_size: int) -> None:
     require(world_size == 1, f"the toy runs in one process, not {world_size}")
     require(cfg.eval_split in SPLITS, f"eval_split={cfg.eval_split!r} is unknown; use validation or test")
     require(d.classes > 1 and d.features > 0, "data.classes must be > 1 and data.features > 0")
-    require(0 < 2 * d.held_out < d.points, f"data.held_out={d.held_out} x 2 must leave training points of data.points={d.points}")
+    require(
+        0 < 2 * d.held_out < d.points,
+        f"data.held_out={d.held_out} x 2 must leave training points of data.points={d.points}",
+    )
     require(t.lr > 0, f"train.lr={t.lr} must be positive")
     check_optimizer(cfg.optimizer, lr=t.lr)
     require(t.max_steps > 0 and 0 <= t.warmup_steps < t.max_steps, "train.warmup_steps must be in [0, train.max_steps)")
-    require(t.batch_size > 0 and t.checkpoint_interval > 0 and t.keep_checkpoints > 0,
-            "train.batch_size, train.checkpoint_interval and train.keep_checkpoints must be positive")  # fmt: skip
+    require(
+        t.batch_size > 0 and t.checkpoint_interval > 0 and t.keep_checkpoints > 0,
+        "train.batch_size, train.checkpoint_interval and train.keep_checkpoints must be positive",
+    )
 
 
 # ---- the task ----------------------------------------------------------------------------------
@@ -101,15 +106,28 @@ def blobs(d: Any) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
 
 
 def run(cfg: Any, *, run_dir: str | Path) -> dict:
-    r = Run(cfg, run_dir, validate=validate, pipeline="toy", title=f"toy {cfg.optimizer.name} seed{cfg.seed}",
-            tags=[cfg.optimizer.name], lr_key="train.lr")  # fmt: skip
+    r = Run(
+        cfg,
+        run_dir,
+        validate=validate,
+        pipeline="toy",
+        title=f"toy {cfg.optimizer.name} seed{cfg.seed}",
+        tags=[cfg.optimizer.name],
+        lr_key="train.lr",
+    )
     t, data = cfg.train, {k: (x.to(r.device), y.to(r.device)) for k, (x, y) in blobs(cfg.data).items()}
     model = torch.nn.Linear(cfg.data.features, cfg.data.classes, bias=cfg.model.bias).to(r.device)
     optimizer = build_optimizer(cfg.optimizer, model, lr=t.lr, prunable_names=["weight"])
     scheduler = build_lr_scheduler(optimizer, total_steps=t.max_steps, warmup_steps=t.warmup_steps, min_lr=t.min_lr)
     batches = torch.Generator().manual_seed(cfg.seed)
-    state = r.restore(model=model, optimizer=optimizer, scheduler=scheduler, generators={"batches": batches}, lr=t.lr,
-                      may_change=("eval_split",))  # fmt: skip
+    state = r.restore(
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        generators={"batches": batches},
+        lr=t.lr,
+        may_change=("eval_split",),
+    )
     step, loss = (state["step"], state["train_loss"]) if state else (0, float("nan"))
     x, y = data["train"]
     while step < t.max_steps:
@@ -128,8 +146,15 @@ def run(cfg: Any, *, run_dir: str | Path) -> dict:
     x, y = data[cfg.eval_split]
     with torch.no_grad():
         top1 = (model(x).argmax(1) == y).float().mean().item()
-    return r.finish({"pipeline": "toy", "seed": cfg.seed, "eval_split": cfg.eval_split, "top1": top1,
-                     "train": {"steps": step, "final_train_loss": loss, "points": len(y)}})  # fmt: skip
+    return r.finish(
+        {
+            "pipeline": "toy",
+            "seed": cfg.seed,
+            "eval_split": cfg.eval_split,
+            "top1": top1,
+            "train": {"steps": step, "final_train_loss": loss, "points": len(y)},
+        }
+    )
 
 
 # ---- what the registry knows -------------------------------------------------------------------
