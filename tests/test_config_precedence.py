@@ -15,29 +15,28 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from horst_sparse.gpt2.config import register_configs as register_gpt2
-from horst_sparse.vit.config import register_configs as register_vit
+from horst_sparse.compose import compose
+from horst_sparse.pipeline import get, names
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-register_vit()
-register_gpt2()
 
-# pipeline: (primary config, recipe group, the train.* keys each optimizer's tuned file feeds)
-PIPELINES = {
-    "vit": ("train_vit", "vit_recipe", ("base_lr", "warmup_epochs")),
-    "gpt2": ("train_gpt2", "gpt2_recipe", ("lr", "warmup_steps")),
-}
+PIPELINES = {name: get(name) for name in names()}
+WARMUP_KEYS = {"vit": "warmup_epochs", "gpt2": "warmup_steps"}  # train.* keys the tuned files feed besides the lr
 TUNED_OPTIMIZERS = ("adamw", "ham", "horst")  # the optimizers each recipe's tuned node has a file for
 RECIPE_DEPENDENT = ("weight_decay", "betas", "alpha", "beta")  # their optimizer.* keys that differ by recipe
 IDENTITY = ("_target_", "_partial_", "name")  # what an optimizer is, not a value
 OPTIMIZERS = sorted(p.stem for p in (CONFIGS / "optimizer").glob("*.yaml"))
 
 
+def tuned_train_keys(pipeline: str) -> tuple[str, str]:
+    """The train.* keys each optimizer's tuned file feeds: the learning rate and the warm-up."""
+    return PIPELINES[pipeline].lr_key.removeprefix("train."), WARMUP_KEYS[pipeline]
+
+
 def recipes(pipeline: str) -> list[str]:
-    return sorted(p.stem for p in (CONFIGS / PIPELINES[pipeline][1]).glob("*.yaml"))
+    return sorted(p.stem for p in (CONFIGS / PIPELINES[pipeline].recipe_group).glob("*.yaml"))
 
 
 def experiments() -> dict[str, tuple[str, str]]:
@@ -45,7 +44,8 @@ def experiments() -> dict[str, tuple[str, str]]:
     found = {}
     for path in sorted((CONFIGS / "experiment").glob("*.yaml")):
         defaults = yaml.safe_load(path.read_text())["defaults"]
-        for pipeline, (_, group, _) in PIPELINES.items():
+        for pipeline, registered in PIPELINES.items():
+            group = registered.recipe_group
             for entry in defaults:
                 if isinstance(entry, dict) and f"override /{group}" in entry:
                     found[path.stem] = (pipeline, entry[f"override /{group}"])
@@ -109,14 +109,13 @@ def cases():
     composition costs ~0.2-0.5 s here). The last item: the values the experiment sets itself."""
     for pipeline, optimizer in itertools.product(PIPELINES, OPTIMIZERS):
         for recipe in recipes(pipeline):
-            yield pipeline, recipe, optimizer, [f"{PIPELINES[pipeline][1]}={recipe}"], {}
+            yield pipeline, recipe, optimizer, [f"{PIPELINES[pipeline].recipe_group}={recipe}"], {}
     for (experiment, (pipeline, recipe)), optimizer in zip(experiments().items(), itertools.cycle(OPTIMIZERS)):
         yield pipeline, recipe, optimizer, [f"experiment={experiment}"], experiment_values(experiment)
 
 
 def _compose(config_dir: Path, pipeline: str, overrides: list[str]):
-    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
-        return compose(PIPELINES[pipeline][0], overrides=overrides)
+    return compose(PIPELINES[pipeline], overrides, config_dir=config_dir)
 
 
 # On the command line the resolver's commas need quotes around the value (Hydra's grammar).
@@ -129,7 +128,7 @@ def test_every_value_comes_from_its_owner_and_none_is_dead(sentinels):
     for pipeline, recipe, optimizer, overrides, own in cases():
         cfg = _compose(root, pipeline, [f"optimizer={optimizer}", *overrides])
         values = {f"optimizer.{k}": v for k, v in OmegaConf.to_container(cfg.optimizer, resolve=True).items()}
-        values.update({f"train.{k}": cfg.train[k] for k in PIPELINES[pipeline][2]})
+        values.update({f"train.{k}": cfg.train[k] for k in tuned_train_keys(pipeline)})
         for key, value in values.items():
             if key.split(".")[1] in IDENTITY:
                 continue
@@ -169,9 +168,9 @@ def test_a_control_interpolates_the_arm_it_controls(sentinels, pipeline):
     HORST, (wd_h + beta_h) lr_h / lr_a, derived, never copied. The `sum` resolver, for controls
     written on the command line, adds."""
     root, planted = sentinels
-    lr = PIPELINES[pipeline][2][0]
+    lr = tuned_train_keys(pipeline)[0]
     for recipe in recipes(pipeline):
-        cfg = _compose(root, pipeline, [f"{PIPELINES[pipeline][1]}={recipe}", "+arm=adamw_decay"])
+        cfg = _compose(root, pipeline, [f"{PIPELINES[pipeline].recipe_group}={recipe}", "+arm=adamw_decay"])
         horst, adamw = f"tuned/{pipeline}/{recipe}/horst.yaml", f"tuned/{pipeline}/{recipe}/adamw.yaml"
         assert cfg.optimizer.name == "adamw" and cfg.arm == "adamw_decay"
         matched = (
@@ -179,7 +178,9 @@ def test_a_control_interpolates_the_arm_it_controls(sentinels, pipeline):
         )
         assert cfg.optimizer.weight_decay == pytest.approx(matched, rel=1e-12)
         assert cfg.train[lr] == planted[(adamw, lr)]
-        summed = _compose(root, pipeline, [f"{PIPELINES[pipeline][1]}={recipe}", "optimizer=adamw", CONTROL_DECAY])
+        summed = _compose(
+            root, pipeline, [f"{PIPELINES[pipeline].recipe_group}={recipe}", "optimizer=adamw", CONTROL_DECAY]
+        )
         assert summed.optimizer.weight_decay == planted[(horst, "weight_decay")] + planted[(horst, "beta")]
 
 

@@ -61,18 +61,16 @@ def without_markers(run_dir: Path) -> list[dict]:
 
 BOTH_STRATEGIES = """
 import sys
+from pathlib import Path
 
-from hydra import compose, initialize_config_dir
-
-from horst_sparse.training.distributed import shutdown_distributed
-from horst_sparse.gpt2.config import register_configs
+from horst_sparse.compose import compose
 from horst_sparse.gpt2.run import run
+from horst_sparse.pipeline import get
+from horst_sparse.training.distributed import shutdown_distributed
 
-register_configs()
-configs, out, overrides = sys.argv[1], sys.argv[2], sys.argv[3:]
+configs, out, overrides = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
 for strategy in ("ddp", "fsdp2"):  # one after the other in the same two processes: one launch
-    with initialize_config_dir(config_dir=configs, version_base="1.3"):
-        cfg = compose("train_gpt2", overrides=[*overrides, f"distributed={strategy}"])
+    cfg = compose(get("gpt2"), [*overrides, f"distributed={strategy}"], config_dir=configs)
     run(cfg, run_dir=f"{out}/{strategy}")
 shutdown_distributed()
 """

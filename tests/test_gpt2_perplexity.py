@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -67,16 +66,14 @@ def test_a_run_reports_every_perplexity_on_the_split_eval_split_says(tmp_path, m
     """eval_split=test: every one-shot row (the dense model too) is the final model's
     perplexity on the test tokens, the periodic loss stays on validation; eval_split=
     validation: the test split is never read."""
-    from hydra import compose, initialize_config_dir
-
     import horst_sparse.gpt2.data as gpt2_data
-    from horst_sparse.gpt2.config import register_configs
+    from horst_sparse.compose import compose
     from horst_sparse.gpt2.data import load_data
     from horst_sparse.gpt2.run import run
+    from horst_sparse.pipeline import get
     from horst_sparse.training.checkpoint import latest_checkpoint, load_checkpoint
 
     monkeypatch.setenv("WANDB_MODE", "disabled")
-    register_configs()
     overrides = [
         "model=gpt2_nano",
         f"data.dir={tmp_path / 'pydoc'}",
@@ -95,9 +92,8 @@ def test_a_run_reports_every_perplexity_on_the_split_eval_split_says(tmp_path, m
     monkeypatch.setattr(
         gpt2_data, "load_split", lambda folder, split, **kw: read.append(split) or load_split(folder, split, **kw)
     )
-    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "configs"), version_base="1.3"):
-        validation_cfg = compose("train_gpt2", overrides=overrides)
-        test_cfg = compose("train_gpt2", overrides=[*overrides, "eval_split=test"])
+    validation_cfg = compose(get("gpt2"), overrides)
+    test_cfg = compose(get("gpt2"), [*overrides, "eval_split=test"])
     assert run(validation_cfg, run_dir=tmp_path / "validation")["eval_split"] == "validation"
     assert "test" not in read and "validation" in read
     summary = run(test_cfg, run_dir=tmp_path / "test")

@@ -132,9 +132,8 @@ def test_slurm_presets_ask_for_what_they_say(fake_slurm, tmp_path, monkeypatch):
     """The sbatch scripts of the presets (`slurm`: 4 GPUs, one DDP task per GPU; `slurm_1gpu`;
     `slurm_1gpu` as a CPU job) as submitit writes them, from the composed launcher configs
     through the project launcher's own parameter mapping, without submitting them."""
-    from hydra import compose, initialize_config_dir
-
-    import train_gpt2  # noqa: F401 - registers the structured configs
+    from horst_sparse.compose import compose
+    from horst_sparse.pipeline import get
     from hydra_plugins.horst_slurm.slurm_launcher import SlurmLauncher
 
     monkeypatch.setenv("PATH", fake_slurm[1]["PATH"])  # submitit's SLURM executor looks for srun
@@ -145,8 +144,7 @@ def test_slurm_presets_ask_for_what_they_say(fake_slurm, tmp_path, monkeypatch):
         ("slurm_1gpu", "hydra.launcher.gpus_per_node=0"): ("--ntasks-per-node=1", "--mem=64GB"),
     }
     for (preset, *overrides), lines in expected.items():
-        with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-            cfg = compose("train_gpt2", overrides=[f"hydra/launcher={preset}", *overrides], return_hydra_config=True)
+        cfg = compose(get("gpt2"), [f"hydra/launcher={preset}", *overrides], hydra_node=True)
         launcher = cfg.hydra.launcher
         params = {k: launcher[k] for k in launcher if k not in ("_target_", "submitit_folder", "name")}
         executor = SlurmLauncher(**params, submitit_folder=str(tmp_path / preset)).executor()

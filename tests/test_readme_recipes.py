@@ -10,19 +10,18 @@ from pathlib import Path
 
 import torch
 import yaml
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from horst_sparse.compose import compose
+from horst_sparse.pipeline import get
 from horst_sparse.training.optim import build_optimizer
-from horst_sparse.vit.config import register_configs, validate
+from horst_sparse.vit.config import validate
 
-register_configs()
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 def _compose(config_dir, overrides):
-    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
-        return compose("train_vit", overrides=overrides)
+    return compose(get("vit"), overrides, config_dir=config_dir)
 
 
 def test_adding_an_optimizer_is_its_yaml_and_a_line_in_each_tuned_index(tmp_path):

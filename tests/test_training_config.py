@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from horst_sparse.gpt2.config import register_configs, validate
+from horst_sparse.compose import ComposeError, compose
+from horst_sparse.gpt2.config import validate
+from horst_sparse.paths import CONFIGS
+from horst_sparse.pipeline import get
 from horst_sparse.training.config import ConfigError
-
-CONFIGS = str(Path(__file__).resolve().parents[1] / "configs")
-register_configs()
 
 
 def _compose(*overrides):
-    with initialize_config_dir(config_dir=CONFIGS, version_base="1.3"):
-        return compose("train_gpt2", overrides=list(overrides))
+    return compose(get("gpt2"), overrides)
 
 
 def test_defaults_compose_and_validate():
@@ -64,7 +59,7 @@ def test_bad_values_are_one_clear_error(override, message):
 
 @pytest.mark.parametrize("override", ["optimizer.alhpa=3", "train.lr=fast", "model=no_such_model"])
 def test_typos_fail_at_composition(override):
-    with pytest.raises(ConfigCompositionException):
+    with pytest.raises(ComposeError):
         _compose(override)
 
 
@@ -82,8 +77,8 @@ def test_alpha_beta_picks_apply_to_the_embedded_recipe_only(optimizer):
     (scripts/tune.py, results/tuning/); the paper's setting keeps the published (HAM) and library
     (HORST) values, which a 2M-parameter tuning does not transfer to. Where each value comes
     from: tests/test_config_precedence.py."""
-    picked = OmegaConf.load(Path(CONFIGS) / "tuned" / "gpt2" / "pydoc" / f"{optimizer}.yaml")
-    paper_values = OmegaConf.load(Path(CONFIGS) / "tuned" / "gpt2" / "slimpajama" / f"{optimizer}.yaml")
+    picked = OmegaConf.load(CONFIGS / "tuned" / "gpt2" / "pydoc" / f"{optimizer}.yaml")
+    paper_values = OmegaConf.load(CONFIGS / "tuned" / "gpt2" / "slimpajama" / f"{optimizer}.yaml")
     cfg = _compose(f"optimizer={optimizer}")
     assert (cfg.optimizer.alpha, cfg.optimizer.beta) == (picked.alpha, picked.beta)
     paper = _compose(f"optimizer={optimizer}", "experiment=gpt2_small_slimpajama")

@@ -15,15 +15,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from conftest import ROOT
-from hydra import compose, initialize_config_dir
 
 import horst_sparse.vit.data
+from horst_sparse.compose import compose
 from horst_sparse.pipeline import get
 from horst_sparse.study import tuning
-from horst_sparse.vit.config import register_configs
 from horst_sparse.vit.data import DigitsDataset
 
-register_configs()
 TINY = (
     "train.epochs=4",
     "acdc.dense_warmup=1",
@@ -72,8 +70,7 @@ class PoisonedDigits(DigitsDataset):
 
 
 def _compose(configs: Path, *overrides: str):
-    with initialize_config_dir(config_dir=str(configs), version_base="1.3"):
-        return compose("train_vit", overrides=list(overrides))
+    return compose(get("vit"), overrides, config_dir=configs)
 
 
 def test_tuning_never_reads_the_test_split(tuned, tmp_path, monkeypatch):

@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
+from horst_sparse.compose import ComposeError, compose
+from horst_sparse.paths import CONFIGS
+from horst_sparse.pipeline import get
 from horst_sparse.training.config import ConfigError
-from horst_sparse.vit.config import acdc_schedule, register_configs, scaled_lr, validate
-
-CONFIGS = str(Path(__file__).resolve().parents[1] / "configs")
-register_configs()
+from horst_sparse.vit.config import acdc_schedule, scaled_lr, validate
 
 
 def _compose(*overrides):
-    with initialize_config_dir(config_dir=CONFIGS, version_base="1.3"):
-        return compose("train_vit", overrides=list(overrides))
+    return compose(get("vit"), overrides)
 
 
 def test_embedded_default_composes_and_validates():
@@ -97,7 +92,7 @@ def test_batch_must_split_over_processes():
     "override", ["acdc.sparsty=0.5", "train.epochs=many", "model=no_such_model", "vit_recipe=none"]
 )
 def test_typos_fail_at_composition(override):
-    with pytest.raises(ConfigCompositionException):
+    with pytest.raises(ComposeError):
         _compose(override)
 
 
@@ -106,8 +101,8 @@ def test_alpha_beta_defaults_are_the_sweep_picks(optimizer):
     """configs/tuned/vit/digits/<optimizer>.yaml (results/tuning/) holds the embedded recipe's
     picks; the DeiT recipe keeps the published (HAM) and library (HORST) values
     (configs/tuned/vit/deit_imagenet/). Where each value comes from: tests/test_config_precedence.py."""
-    picked = OmegaConf.load(Path(CONFIGS) / "tuned" / "vit" / "digits" / f"{optimizer}.yaml")
-    imagenet = OmegaConf.load(Path(CONFIGS) / "tuned" / "vit" / "deit_imagenet" / f"{optimizer}.yaml")
+    picked = OmegaConf.load(CONFIGS / "tuned" / "vit" / "digits" / f"{optimizer}.yaml")
+    imagenet = OmegaConf.load(CONFIGS / "tuned" / "vit" / "deit_imagenet" / f"{optimizer}.yaml")
     assert (picked.alpha, picked.beta) != (imagenet.alpha, imagenet.beta)
     cfg = _compose(f"optimizer={optimizer}")
     assert (cfg.optimizer.alpha, cfg.optimizer.beta) == (picked.alpha, picked.beta)

@@ -420,10 +420,9 @@ def test_mnist1d_is_generated_offline_with_the_published_defaults_split_and_cach
 def test_a_tiny_mnist1d_run_reports_on_the_split_eval_split_says(tmp_path):
     """End to end through timm's ViT with (1, p) patches and AC/DC: the summary's top-1 is the
     final model's on the test split, every epoch's on validation."""
-    from hydra import compose, initialize_config_dir
-
+    from horst_sparse.compose import compose
+    from horst_sparse.pipeline import get
     from horst_sparse.training.checkpoint import latest_checkpoint, load_checkpoint
-    from horst_sparse.vit.config import register_configs
     from horst_sparse.vit.data import Mnist1DDataset
     from horst_sparse.vit.model import build_model, evaluate
     from horst_sparse.vit.run import run
@@ -449,9 +448,7 @@ def test_a_tiny_mnist1d_run_reports_on_the_split_eval_split_says(tmp_path):
         "logging.mode=disabled",
         "device=cpu",
     ]
-    register_configs()
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-        cfg = compose("train_vit", overrides=overrides)
+    cfg = compose(get("vit"), overrides)
     summary = run(cfg, run_dir=tmp_path / "run")
     assert summary["eval_split"] == "test" and summary["model"]["patch_size"] == [1, 8]
     assert (summary["data"]["train_images"], summary["data"]["val_images"], summary["data"]["test_images"]) == (
