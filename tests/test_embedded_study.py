@@ -32,12 +32,12 @@ TINY_VIT = [
 
 @pytest.fixture(scope="module")
 def demo_jobs() -> list[study.Job]:
-    return study.plan(["demo_vit", "demo_gpt2"])
+    return study.study_jobs(["demo_vit", "demo_gpt2"])
 
 
 @pytest.fixture(scope="module")
 def embedded_jobs() -> list[study.Job]:
-    return study.plan(study.presets_of("embedded"))
+    return study.study_jobs(study.presets_of("embedded"))
 
 
 def test_the_demo_is_every_arm_x_sparsity_x_seed_with_its_label(demo_jobs):
@@ -91,7 +91,7 @@ def test_arms_not_tuned_alike_are_refused():
     from horst_sparse.study.tuning import BudgetError
 
     with pytest.raises(BudgetError, match=r"arm \w+ was not tuned by scripts/tune.py"):
-        study.check_budgets(study.plan(["demo_vit"], ["vit_recipe=digits"]))
+        study.check_budgets(study.study_jobs(["demo_vit"], ["vit_recipe=digits"]))
 
 
 def test_the_embedded_study_is_its_presets_and_tunes_what_its_budget_asks_for(embedded_jobs):
@@ -275,7 +275,7 @@ def test_add_an_arm_recipe(tmp_path, write_run):
     rules = claims.load_rules()
     rules["comparisons"]["vit"].append(["horst_alpha1", "horst"])
 
-    jobs = [j for j in study.plan(["demo_vit"], configs=configs) if "acdc.sparsity=0.9" in j.overrides]
+    jobs = [j for j in study.study_jobs(["demo_vit"], configs=configs) if "acdc.sparsity=0.9" in j.overrides]
     new = next(j for j in jobs if j.config["arm"] == "horst_alpha1")
     assert new.run == "outputs/demo/vit/horst_alpha1/s0.9/seed0" and new.config["optimizer"]["alpha"] == 1.0
     for job, top1 in ((new, 0.93), (next(j for j in jobs if j.config["arm"] == "horst"), 0.95)):

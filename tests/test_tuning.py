@@ -218,7 +218,7 @@ def test_every_search_space_reaches_its_arm(name):
     """Each optimizer's space (AdamW: lr, decay, warm-up; HAM, HORST: lr, alpha, beta) composes,
     and every key it searches is read from the arm's tuned file."""
     pipeline, optimizer = name.split("_", 1)
-    planned = tuning.plan(pipeline, optimizer, trials=4)
+    planned = tuning.prepare(pipeline, optimizer, trials=4)
     leaves = {key.rsplit(".", 1)[1] for key in planned.space}
     lr = "base_lr" if pipeline == "vit" else "lr"
     assert leaves == (
@@ -243,7 +243,7 @@ def test_every_search_space_reaches_its_arm(name):
 )
 def test_a_tuning_that_could_not_count_is_refused_before_any_trial(overrides, message):
     with pytest.raises(tuning.TuningError, match=message):
-        tuning.plan("vit", "adamw", overrides=overrides)
+        tuning.prepare("vit", "adamw", overrides=overrides)
 
 
 def test_a_dirty_tree_is_refused_in_one_line(tmp_path, monkeypatch, capsys):

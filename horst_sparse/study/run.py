@@ -192,7 +192,7 @@ def _params(preset: str, extra: Sequence[str], configs: Path) -> dict[str, Any]:
     }
 
 
-def plan(presets: Sequence[str], extra: Sequence[str] = (), *, configs: Path = CONFIGS) -> list[Job]:
+def study_jobs(presets: Sequence[str], extra: Sequence[str] = (), *, configs: Path = CONFIGS) -> list[Job]:
     """Every job of the presets (configs/study/), composed from `configs`. A job's seed is not in
     its signature, so each cell is composed once and its seeds set on the composed config."""
     from hydra.core.hydra_config import HydraConfig
@@ -301,7 +301,7 @@ def _subprocess_env() -> dict[str, str]:
     return {"OMP_WAIT_POLICY": "PASSIVE", **os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
-def launch(commands: Sequence[tuple[str, list[str]]], extra: Sequence[str] = ()) -> int:
+def run_multiruns(commands: Sequence[tuple[str, list[str]]], extra: Sequence[str] = ()) -> int:
     """Run the multiruns one after another (each one's launcher runs its jobs side by side)."""
     env = _subprocess_env()
     worst = 0
@@ -465,7 +465,7 @@ def tuning_commits(jobs: Sequence[Job]) -> list[str]:
     return sorted(c for c in commits if c)
 
 
-def tune(lines: Sequence[list[str]]) -> None:
+def run_tunings(lines: Sequence[list[str]]) -> None:
     """Run the tunings one after another, then stop: the study's runs start from a commit that
     holds the picks."""
     env = _subprocess_env()
@@ -491,12 +491,12 @@ def run_study(
     runs.csv it resumes from). `pipelines` limits what is tuned and run, not what is reported: the
     record and the report always cover every preset of the study. 0 when every planned run finished."""
     out = Path(out or REPO / "results" / study)
-    every = plan(presets_of(study), extra)
+    every = study_jobs(presets_of(study), extra)
     jobs = [j for j in every if pipelines is None or j.pipeline in pipelines]
     if study == "embedded" and not report_only:  # a fair comparison; the demo shows the pipelines run
         missing = tunings(study, jobs)
         if missing:
-            tune(missing)
+            run_tunings(missing)
         check_budgets(jobs)
     record = out / "runs.csv"
     frame, folders = runs_of(every, record)
@@ -518,7 +518,7 @@ def run_study(
         # the pipelines at the picks they read). A report adds no run: the record's numbers stand,
         # each with its commit, whatever the code has become since.
         check_provenance([*frame.git_commit.dropna().unique(), *(tuning_commits(every) if study == "embedded" else [])])
-        status = launch(multiruns(todo, extra), extra)
+        status = run_multiruns(multiruns(todo, extra), extra)
         frame, folders = runs_of(every, record)
     if frame.empty:
         raise NoRunsError("no run of the study has finished")
@@ -543,7 +543,7 @@ def check_results(study: str, *, extra: Sequence[str] = (), pipelines: Sequence[
     presets = presets_of(study, pipelines)
     record = read_record([REPO / "results" / study / "runs.csv"])
     worst = 0
-    checked = {j.pipeline: j for j in plan(presets, extra) if j.seed == 0 and j.config.get("arm") == CHECKED_ARM}
+    checked = {j.pipeline: j for j in study_jobs(presets, extra) if j.seed == 0 and j.config.get("arm") == CHECKED_ARM}
     for job in checked.values():
         before = record[(record.run == job.run) & (record.signature == job.signature)]
         if before.empty:
@@ -552,7 +552,7 @@ def check_results(study: str, *, extra: Sequence[str] = (), pipelines: Sequence[
             continue
         with tempfile.TemporaryDirectory(prefix="check-results-") as scratch:
             line = [*job.overrides, "seed=0", f"hydra.sweep.dir={scratch}", "hydra.sweep.subdir=rerun"]
-            launch([(job.preset, line)], extra)
+            run_multiruns([(job.preset, line)], extra)
             after = scan([scratch]).frame
         if after.empty:
             print(f"{job.run}: the rerun did not finish")

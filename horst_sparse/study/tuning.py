@@ -161,7 +161,7 @@ def from_unit(u: float, distribution) -> Any:
 
 
 @dataclasses.dataclass
-class Plan:
+class Tuning:
     """What a tuning will do, from the composed config, checked before any trial."""
 
     pipeline: str
@@ -208,7 +208,7 @@ def require_clean_tree(root: Path | None = None, *, tuning: tuple[str, str] | No
     return commit.removesuffix("-dirty")
 
 
-def plan(
+def prepare(
     pipeline: str,
     optimizer: str,
     *,
@@ -216,7 +216,7 @@ def plan(
     overrides: Iterable[str] = (),
     config_dir: Path = CONFIGS,
     sweep_dir: Path | None = None,
-) -> Plan:
+) -> Tuning:
     """Compose the tuning's config and check that its pick can reach a run: every searched key
     reads the arm's tuned file, the seed is a tuning seed, the split is validation."""
     try:
@@ -281,7 +281,7 @@ def plan(
         f"hydra.sweeper.direction={registered.tuning.direction}",
         f"hydra.sweep.dir={sweep_dir}",
     ]
-    return Plan(
+    return Tuning(
         pipeline,
         optimizer,
         recipe,
@@ -293,7 +293,7 @@ def plan(
     )
 
 
-def launch(plan: Plan, config_dir: Path = CONFIGS) -> Path:
+def run_trials(plan: Tuning, config_dir: Path = CONFIGS) -> Path:
     """The multirun, through Hydra's own command line (sweeper and launcher as configured)."""
     import hydra
 
@@ -316,7 +316,7 @@ def launch(plan: Plan, config_dir: Path = CONFIGS) -> Path:
     return sweep_dir
 
 
-def collect(plan: Plan, sweep_dir: Path) -> list[dict[str, Any]]:
+def collect(plan: Tuning, sweep_dir: Path) -> list[dict[str, Any]]:
     """One row per trial, from the trial folders (each has Hydra's overrides and the run's
     summary or failure record), in trial order."""
     import json
@@ -358,7 +358,7 @@ def best(rows: list[dict[str, Any]], metric: TuningScore) -> dict[str, Any]:
 
 
 def write_pick(
-    plan: Plan, rows: list[dict[str, Any]], *, commit: str, command: str, results_dir: Path = RESULTS
+    plan: Tuning, rows: list[dict[str, Any]], *, commit: str, command: str, results_dir: Path = RESULTS
 ) -> dict:
     """The arm's tuned file with the pick and its provenance (the keys outside the search space
     kept), and the arm's rows of tuning.csv replaced."""
@@ -413,9 +413,11 @@ def tune(
     results_dir: Path = RESULTS,
     sweep_dir: Path | None = None,
 ) -> dict:
-    """Plan, run the trials, write the pick; returns the arm's new tuned values."""
-    tuning = plan(pipeline, optimizer, trials=trials, overrides=overrides, config_dir=config_dir, sweep_dir=sweep_dir)
-    rows = collect(tuning, launch(tuning, config_dir))
+    """Tuning, run the trials, write the pick; returns the arm's new tuned values."""
+    tuning = prepare(
+        pipeline, optimizer, trials=trials, overrides=overrides, config_dir=config_dir, sweep_dir=sweep_dir
+    )
+    rows = collect(tuning, run_trials(tuning, config_dir))
     return write_pick(tuning, rows, commit=commit, command=command, results_dir=results_dir)
 
 
