@@ -119,7 +119,8 @@ def test_the_written_pick_is_what_the_next_run_composes(tuned):
 
 
 def _provenance(trials: int, seeds: list[int], split: str = "validation") -> dict:
-    return {"provenance": {"trials": trials, "seeds": seeds, "eval_split": split}}
+    space = {"train.lr": "tag(log, interval(3e-4, 2e-2))"}  # one shared space (tests/test_search_spaces.py)
+    return {"provenance": {"trials": trials, "seeds": seeds, "eval_split": split, "space": space, "edges": []}}
 
 
 @pytest.mark.parametrize(
@@ -159,6 +160,24 @@ def test_equal_budgets_pass_and_the_committed_picks_were_not_tuned_alike(tuned):
     tuning.check_equal_budgets(equal, equal, reporting_seeds=range(10))
     with pytest.raises(tuning.BudgetError, match="arm horst was not tuned"):
         tuning.check_equal_budgets(cfg.tuned, ["adamw", "horst"], reporting_seeds=range(10))
+
+
+def test_trial_i_of_every_arm_is_the_same_point_in_the_shared_space(tuned):
+    """HORST tuned beside AdamW (the fixture's) through the real sweeper: trial i of both has the
+    same lr, decay and warm-up (one Sobol sequence, the shared coordinates first), so the two
+    tunings are a paired comparison that differs only in HORST's alpha and beta."""
+    _, configs, results = tuned
+    tuning.tune("vit", "horst", trials=TRIALS, overrides=TINY, commit="c0ffee", command="pytest", config_dir=configs,
+                results_dir=results, sweep_dir=configs.parent / "sweep_horst")  # fmt: skip
+    (record,) = results.glob("vit/*/tuning.csv")  # the default recipe's
+    trials = pd.read_csv(record)
+    shared = ["train.base_lr", "optimizer.weight_decay", "train.warmup_epochs"]
+    adamw, horst = (
+        trials[trials.arm == arm].sort_values("trial")[shared].reset_index(drop=True) for arm in ("adamw", "horst")
+    )
+    assert len(adamw) == len(horst) == TRIALS
+    pd.testing.assert_frame_equal(adamw, horst)
+    assert trials[trials.arm == "horst"]["optimizer.alpha"].nunique() == TRIALS
 
 
 def _sobol_points(scores) -> list[dict]:
@@ -210,22 +229,23 @@ def test_the_score_is_the_validation_metric_and_a_failure_scores_worst():
         tuning.validation_score(get("gpt2"), _gpt2_summary(10.0, 20.0, 80.0, split="test"))
 
 
-SEARCH_SPACES = sorted(p.stem for p in (ROOT / "configs" / "hparams_search").glob("*.yaml"))
+# An arm's space, configs/hparams_search/<pipeline>_<optimizer>.yaml, over its pipeline's shared one
+SEARCH_SPACES = sorted(p.stem for p in (ROOT / "configs" / "hparams_search").glob("*_*.yaml"))
 
 
 @pytest.mark.parametrize("name", SEARCH_SPACES)
 def test_every_search_space_reaches_its_arm(name):
-    """Each optimizer's space (AdamW: lr, decay, warm-up; HAM, HORST: lr, alpha, beta) composes,
-    and every key it searches is read from the arm's tuned file."""
+    """Each optimizer's space (the shared lr, decay and warm-up; HAM, HORST add alpha, beta)
+    composes, and every key it searches is read from the arm's tuned file."""
     pipeline, optimizer = name.split("_", 1)
     planned = tuning.prepare(pipeline, optimizer, trials=4)
     leaves = {key.rsplit(".", 1)[1] for key in planned.space}
-    lr = "base_lr" if pipeline == "vit" else "lr"
-    assert leaves == (
-        {lr, "weight_decay", f"warmup_{'epochs' if pipeline == 'vit' else 'steps'}"}
-        if optimizer == "adamw"
-        else {lr, "alpha", "beta"}
-    )
+    shared = {
+        get(pipeline).lr_key.rsplit(".", 1)[1],
+        "weight_decay",
+        f"warmup_{'epochs' if pipeline == 'vit' else 'steps'}",
+    }
+    assert leaves == (shared if optimizer == "adamw" else shared | {"alpha", "beta"})
     assert planned.arm_file == ROOT / "configs" / "tuned" / pipeline / planned.recipe / f"{optimizer}.yaml"
     assert "hydra.sweeper.n_trials=4" in planned.arguments and planned.seed >= tuning.TUNING_SEEDS_START
 

@@ -351,6 +351,34 @@ def collect(plan: Tuning, sweep_dir: Path) -> list[dict[str, Any]]:
     return rows
 
 
+EDGE = 0.05  # a pick within this fraction of its range's ends, in the range's scale, may be cut off by it
+
+
+def position(value: float, distribution: str) -> float:
+    """Where `value` lies in a sweeper distribution such as `tag(log, interval(1e-4, 1e-2))`: 0 at
+    its lower end, 1 at its upper, in its scale (log where tagged so)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    sweep = OverridesParser.create().parse_override(f"key={distribution}").value()
+    low, high = float(sweep.start), float(sweep.end)
+    if "log" in (sweep.tags or set()):
+        low, high, value = math.log(low), math.log(high), math.log(value)
+    return (value - low) / (high - low)
+
+
+def edges(space: Mapping[str, str], pick: Mapping[str, Any]) -> list[str]:
+    """The searched keys whose pick lies in the outer EDGE of their range: `optimizer.alpha at the
+    lower edge`. A range that cuts off its optimum shows there; widen it, or declare the edge."""
+    found = []
+    for key, distribution in space.items():
+        if "interval(" not in distribution:
+            continue  # a choice has no edge
+        u = position(float(pick[key]), distribution)
+        if u < EDGE or u > 1 - EDGE:
+            found.append(f"{key} at the {'lower' if u < EDGE else 'upper'} edge")
+    return found
+
+
 def best(rows: list[dict[str, Any]], metric: TuningScore) -> dict[str, Any]:
     """The best trial; the earlier one of a tie."""
     sign = 1 if metric.direction == "maximize" else -1
@@ -384,6 +412,7 @@ def write_pick(
         "direction": plan.metric.direction,
         "scores": [r["score"] for r in rows],
         "pick": {"trial": pick["trial"], "score": pick["score"]},
+        "edges": edges(plan.space, pick),
         "tuning_csv": str(csv.relative_to(ROOT) if csv.is_relative_to(ROOT) else csv),
     }
     header = (
@@ -424,11 +453,16 @@ def tune(
 # ---- the study's guard -----------------------------------------------------------------------
 
 
-def check_equal_budgets(tuned: Mapping[str, Any], arms: Iterable[str], reporting_seeds: Iterable[int]) -> None:
+def check_equal_budgets(
+    tuned: Mapping[str, Any], arms: Iterable[str], reporting_seeds: Iterable[int], declared_edges: Iterable[str] = ()
+) -> None:
     """Refuse a comparison whose tuned `arms` were not tuned alike, one line naming the arm:
-    each must have been tuned by scripts/tune.py (`tuned.<arm>.provenance`), on the validation
+    each must have been tuned by horst-tune (`tuned.<arm>.provenance`), on the validation
     split, with the same number of trials and the same tuning seeds, none of them a reporting
-    seed. `tuned` is a run's composed `tuned` node (or its container)."""
+    seed, over nested search spaces (the keys every arm searches over the same ranges, one arm
+    searching those alone: the others add only their own), with no pick at the edge of its range
+    unless `declared_edges` names it (`<arm> <key>`). `tuned` is a run's composed `tuned` node
+    (or its container)."""
     if OmegaConf.is_config(tuned):
         tuned = OmegaConf.to_container(tuned, resolve=True)
     reporting = set(reporting_seeds)
@@ -454,6 +488,33 @@ def check_equal_budgets(tuned: Mapping[str, Any], arms: Iterable[str], reporting
     if len({tuple(r["seeds"]) for r in records.values()}) > 1:
         seeds = ", ".join(f"{arm} {r['seeds']}" for arm, r in records.items())
         raise BudgetError(f"arms tuned on different seeds ({seeds}); retune with the same seed")
+    check_nested_spaces({arm: r["space"] for arm, r in records.items()})
+    for arm, record in records.items():
+        undeclared = [
+            e for e in record.get("edges", []) if f"{arm} {e.split(' at the ')[0]}" not in set(declared_edges)
+        ]
+        if undeclared:
+            raise BudgetError(
+                f"arm {arm}'s pick has {', '.join(undeclared)} of its range: widen the range in "
+                "configs/hparams_search/ and retune, or declare the edge in the study's protocol"
+            )
+
+
+def check_nested_spaces(spaces: Mapping[str, Mapping[str, str]]) -> None:
+    """The arms searched nested spaces: the keys they share over the same ranges, and one arm
+    (AdamW's) searching those alone, so that every other arm adds only its own keys."""
+    shared = set.intersection(*(set(space) for space in spaces.values())) if spaces else set()
+    for key in sorted(shared):
+        ranges = {arm: space[key] for arm, space in spaces.items()}
+        if len(set(ranges.values())) > 1:
+            shown = "; ".join(f"{arm} {value}" for arm, value in ranges.items())
+            raise BudgetError(f"the arms searched {key} over different ranges ({shown}); retune over one shared space")
+    if len(spaces) > 1 and not any(set(space) == shared for space in spaces.values()):
+        shown = "; ".join(f"{arm}: {', '.join(space)}" for arm, space in spaces.items())
+        raise BudgetError(
+            f"the arms searched different shared hyperparameters ({shown}): each must search the pipeline's shared "
+            "space (configs/hparams_search/<pipeline>.yaml) and add only its own keys; retune"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -500,6 +561,12 @@ def main(argv: list[str] | None = None) -> None:
     except RunError as error:
         sys.exit(f"error: {error}")
     pick = values["provenance"]["pick"]
+    for edge in values["provenance"]["edges"]:
+        print(
+            f"warning: the pick has {edge} of its range (outer {EDGE:.0%}): widen the range in "
+            f"configs/hparams_search/ and retune; a study refuses an edge it has not declared",
+            file=sys.stderr,
+        )
     print(
         f"pick: trial {pick['trial']}, {values['provenance']['metric']} {pick['score']:.4g}; "
         f"written to {values['provenance']['tuning_csv']} and the arm's tuned file"

@@ -1,0 +1,106 @@
+"""Nested search spaces (issue 31): every arm searches its pipeline's shared space (lr, weight
+decay, warm-up, the same ranges) first and adds only its own keys; HORST's space reaches AdamW;
+a study refuses arms whose searches differ and picks at the edge of a range."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import horst
+from horst_sparse.compose import compose
+from horst_sparse.paths import CONFIGS
+from horst_sparse.pipeline import get, names
+from horst_sparse.study.tuning import BudgetError, check_equal_budgets, check_nested_spaces, edges, position
+
+
+def space(pipeline: str, optimizer: str) -> dict[str, str]:
+    """The sweeper's params as `horst-tune <pipeline> <optimizer>` composes them, in order."""
+    config = compose(get(pipeline), [f"+hparams_search={pipeline}_{optimizer}"], hydra_node=True)
+    return {str(k): str(v) for k, v in config.hydra.sweeper.params.items()}
+
+
+ARMS = sorted(
+    (p, f.stem.removeprefix(f"{p}_")) for p in names() for f in (CONFIGS / "hparams_search").glob(f"{p}_*.yaml")
+)
+
+
+@pytest.mark.parametrize("pipeline", names())
+def test_every_arm_searches_the_shared_space_first_and_adds_only_its_own(pipeline):
+    shared = space(pipeline, "adamw")
+    assert len(shared) == 3 and any("lr" in k for k in shared) and "optimizer.weight_decay" in shared
+    for _, optimizer in (arm for arm in ARMS if arm[0] == pipeline):
+        mine = space(pipeline, optimizer)
+        assert list(mine.items())[: len(shared)] == list(shared.items()), optimizer  # the Sobol coordinates 0-2
+        assert all(k.startswith("optimizer.") for k in list(mine)[len(shared) :]), optimizer  # its own, not shared
+
+
+@pytest.mark.parametrize("pipeline", names())
+def test_horsts_space_reaches_adamw(pipeline):
+    """At the lower corner of HORST's own keys, HORST trains the weights AdamW trains, within 1 %
+    (300 steps of least squares at the ends and the middle of the shared lr range): the space
+    holds AdamW, so a tuning cannot favour HORST by leaving AdamW's point out."""
+    mine = space(pipeline, "horst")
+    alpha, beta = (float(mine[f"optimizer.{k}"].split("interval(")[1].split(",")[0]) for k in ("alpha", "beta"))
+    lr_range = next(v for k, v in mine.items() if k.endswith("lr"))
+    low, high = (float(x) for x in lr_range.split("interval(")[1].rstrip(")").split(","))
+    for lr in (low, (low * high) ** 0.5, high):
+        torch.manual_seed(0)
+        adamw_weight = torch.nn.Parameter(torch.randn(8, 16) * 0.3)
+        horst_weight = torch.nn.Parameter(adamw_weight.detach().clone())
+        x = torch.randn(512, 16)
+        y = x @ torch.randn(16, 8)
+        optimizers = (
+            (adamw_weight, torch.optim.AdamW([adamw_weight], lr=lr, weight_decay=0.05)),
+            (horst_weight, horst.HORST([horst_weight], lr=lr, weight_decay=0.05, alpha=alpha, beta=beta)),
+        )
+        for _ in range(300):
+            for weight, optimizer in optimizers:
+                optimizer.zero_grad()
+                ((x @ weight.T - y) ** 2).mean().backward()
+                optimizer.step()
+        assert (adamw_weight - horst_weight).norm() / adamw_weight.norm() < 0.01, lr
+
+
+def test_a_pick_in_the_outer_five_percent_of_its_range_is_an_edge():
+    ranges = {"train.lr": "tag(log, interval(3.0e-4, 1.0e-2))", "train.warmup_steps": "int(interval(0, 100))"}
+    assert position(1e-3, ranges["train.lr"]) == pytest.approx(0.3434, abs=1e-4)  # in log scale
+    assert edges(ranges, {"train.lr": 0.00906, "train.warmup_steps": 50}) == ["train.lr at the upper edge"]
+    assert edges(ranges, {"train.lr": 1e-3, "train.warmup_steps": 2}) == ["train.warmup_steps at the lower edge"]
+    assert edges(ranges, {"train.lr": 1e-3, "train.warmup_steps": 50}) == []
+
+
+def _record(space: dict[str, str], edges: list[str] = ()) -> dict:
+    return {
+        "provenance": {"eval_split": "validation", "seeds": [100], "trials": 16, "space": space, "edges": list(edges)}
+    }
+
+
+SHARED = {"train.lr": "tag(log, interval(3e-4, 2e-2))", "optimizer.weight_decay": "tag(log, interval(1e-3, 1.0))"}
+
+
+def test_nested_spaces_pass_and_others_are_refused_naming_what_differs():
+    horst_space = {**SHARED, "optimizer.alpha": "tag(log, interval(1e-2, 30.0))"}
+    check_equal_budgets({"adamw": _record(SHARED), "horst": _record(horst_space)}, ["adamw", "horst"], [0])
+    narrower = {**horst_space, "train.lr": "tag(log, interval(3e-4, 1e-2))"}
+    with pytest.raises(BudgetError, match=r"searched train.lr over different ranges \(adamw tag"):
+        check_nested_spaces({"adamw": SHARED, "horst": narrower})
+    other = {"train.lr": SHARED["train.lr"], "optimizer.alpha": "tag(log, interval(1.0, 30.0))"}
+    with pytest.raises(BudgetError, match=r"searched different shared hyperparameters \(adamw: train.lr, optimizer"):
+        check_nested_spaces({"adamw": SHARED, "horst": other})
+
+
+def test_an_edge_pick_is_refused_unless_declared():
+    tuned = {"adamw": _record(SHARED, ["train.lr at the upper edge"]), "horst": _record(SHARED)}
+    with pytest.raises(BudgetError, match=r"arm adamw's pick has train.lr at the upper edge of its range: widen"):
+        check_equal_budgets(tuned, ["adamw", "horst"], [0])
+    check_equal_budgets(tuned, ["adamw", "horst"], [0], declared_edges=["adamw train.lr"])
+
+
+@pytest.mark.parametrize("pipeline,recipe", [("vit", "mnist1d"), ("gpt2", "pydoc")])
+def test_the_committed_picks_searched_different_hyperparameters_and_are_refused(pipeline, recipe):
+    """AdamW searched lr, decay and warm-up; HORST and HAM lr, alpha and beta at hand-set decay and
+    warm-up (issue 31): equal trial counts, unequal searches."""
+    config = compose(get(pipeline), [f"{get(pipeline).recipe_group}={recipe}"])
+    with pytest.raises(BudgetError, match="searched different shared hyperparameters"):
+        check_equal_budgets(config.tuned, ["adamw", "ham", "horst"], reporting_seeds=range(10))
