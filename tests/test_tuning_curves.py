@@ -1,0 +1,73 @@
+"""Tuning curves (horst_sparse.analysis.tuning_curves, over opda): the median best of k trials with
+its simultaneous band, the arms' order at every budget, failed trials at the worst end, and the
+command's files."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from horst_sparse.analysis.tuning_curves import curves, order, verdict
+
+
+def record(scores: dict[str, list[float]]) -> pd.DataFrame:
+    rows = [
+        {"arm": arm, "trial": i, "score": s, "metric": "validation top-1"}
+        for arm, ss in scores.items()
+        for i, s in enumerate(ss)
+    ]
+    return pd.DataFrame(rows)
+
+
+def test_a_dominating_arm_leads_at_every_budget_and_the_bands_hold_the_curve():
+    rng = np.random.default_rng(0)
+    base = rng.uniform(0.3, 0.8, 16)
+    trials = record({"adamw": list(base), "horst": list(base + 0.1)})
+    curve = curves(trials, maximize=True, support=(0.0, 1.0))
+    for _, arm in curve.groupby("arm"):
+        assert (np.diff(arm["median"]) >= 0).all() and (
+            np.diff(arm["expected"]) >= -1e-12
+        ).all()  # more trials never hurt
+        assert (arm.low <= arm["median"] + 1e-12).all() and (arm["median"] <= arm.high + 1e-12).all()
+        assert arm["median"].iloc[-1] <= arm["median"].max() and arm.k.tolist() == list(range(1, 17))
+    assert set(order(curve, maximize=True).values()) == {("horst", "adamw")}
+    assert verdict(curve, maximize=True).startswith("The arms' order (horst > adamw) is the same at every budget")
+
+
+def test_minimizing_mirrors_maximizing_and_a_failed_trial_is_the_worst():
+    scores = [60.0, 55.0, math.inf, 70.0, 52.0, 65.0, 58.0, 61.0]
+    low = curves(record({"a": scores}), maximize=False, support=(1.0, math.inf))
+    high = curves(record({"a": [-s for s in scores]}), maximize=True, support=(-math.inf, -1.0))
+    # the same curve up to the empirical median's tie between the two middle trials (60 or 61) at k = 1
+    np.testing.assert_allclose(low["median"].iloc[1:], -high["median"].iloc[1:])
+    assert low["median"].iloc[0] in (60.0, 61.0) and -high["median"].iloc[0] in (60.0, 61.0)
+    assert (np.diff(low["median"]) <= 0).all() and low["median"].iloc[-1] == 52.0  # lower is better here
+    assert (low.high >= low["median"]).all() and math.isinf(low.expected.iloc[0])  # a failed draw: the worst end
+
+
+def test_an_order_that_turns_with_the_budget_says_where_it_is_judged():
+    """A reliable arm against a lucky one: the reliable one leads at one trial, the lucky one at eight."""
+    trials = record(
+        {"steady": [0.70 + i / 1000 for i in range(8)], "lucky": [0.2, 0.31, 0.25, 0.9, 0.3, 0.21, 0.35, 0.32]}
+    )
+    text = verdict(curves(trials, maximize=True, support=(0.0, 1.0)), maximize=True)
+    assert "changes with the budget" in text and text.endswith(
+        "k = 8: lucky > steady."
+    )  # distinct scores: opda's bands assume no ties
+
+
+def test_the_command_writes_its_table_and_figure(tmp_path):
+    path = tmp_path / "tuning.csv"
+    record({"adamw": [0.5, 0.6, 0.7, 0.65], "horst": [0.55, 0.62, 0.71, 0.6]}).to_csv(path, index=False)
+    command = [str(Path(sys.executable).parent / "horst-tuning-curves"), str(path), "--maximize", "--support", "0", "1"]
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "tuning_curves.png").stat().st_size > 10_000 and "| k | adamw | horst |" in done.stdout
+    assert len(pd.read_csv(tmp_path / "tuning_curves.csv")) == 8
+    missing = subprocess.run([*command[:1], str(tmp_path / "none.csv")], capture_output=True, text=True)
+    assert missing.returncode == 1 and missing.stderr.strip().startswith("error: no tuning record")
