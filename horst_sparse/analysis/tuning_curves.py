@@ -13,6 +13,7 @@ curve of the empirical distribution). A failed trial scores the worst end of the
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -108,7 +109,7 @@ def markdown(curve: pd.DataFrame, *, title: str, maximize: bool, decimals: int =
     return "\n".join(lines) + "\n"
 
 
-def figure(curve: pd.DataFrame, path: Path, *, title: str, ylabel: str) -> None:
+def figure(curve: pd.DataFrame, path: Path, *, title: str, ylabel: str, log_y: bool = False) -> None:
     """One panel: each arm's median curve, its band shaded; one colour per arm (tables.order)."""
     import matplotlib
 
@@ -126,7 +127,9 @@ def figure(curve: pd.DataFrame, path: Path, *, title: str, ylabel: str) -> None:
         ax.fill_between(finite.k, finite.low, finite.high, color=color, alpha=0.15, linewidth=0)
         ax.plot(part.k, part["median"], "-o", ms=3, color=color, label=f"{arm} (median; band {100 * CONFIDENCE:g} %)")
     ax.set_xlabel("trials of the arm's search (k)")
-    ax.set_ylabel(ylabel)
+    ax.set_ylabel("\n".join(textwrap.wrap(ylabel, 40)), fontsize=9)
+    if log_y:
+        ax.set_yscale("log")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best", frameon=False)
     ax.set_title(title, fontsize=9)
@@ -144,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     """`horst-tuning-curves`: the tuning curves of a tuning record, as a table and a figure.
 
         horst-tuning-curves results/tuning/vit/mnist1d/tuning.csv --maximize --support 0 1
-        horst-tuning-curves results/tuning/gpt2/pydoc/tuning.csv --support 1 inf
+        horst-tuning-curves results/tuning/gpt2/pydoc/tuning.csv --support 1 inf --log
 
     Writes tuning_curves.md (also printed), tuning_curves.csv and tuning_curves.png beside the
     record (or into --out)."""
@@ -161,6 +164,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--maximize", action="store_true", help="higher scores are better (default: lower)")
     parser.add_argument("--support", nargs=2, type=float, default=(-math.inf, math.inf), metavar=("LOW", "HIGH"),
                         help="the scores' possible range (top-1: 0 1; perplexity: 1 inf); a failed trial scores its worst end")  # fmt: skip
+    parser.add_argument("--log", action="store_true", help="a log-scale score axis (perplexity)")
     parser.add_argument("--out", type=Path, help="the folder to write (default: the record's)")
     args = parser.parse_args(argv)
     if not args.record.is_file():
@@ -176,5 +180,5 @@ def main(argv: list[str] | None = None) -> None:
     )
     (out / "tuning_curves.md").write_text(text)
     tables.write_csv(curve, out / "tuning_curves.csv")
-    figure(curve, out / "tuning_curves.png", title=title, ylabel=str(trials.metric.iloc[0]))
+    figure(curve, out / "tuning_curves.png", title=title, ylabel=str(trials.metric.iloc[0]), log_y=args.log)
     print(text)
