@@ -127,13 +127,15 @@ def test_the_embedded_study_is_its_presets_and_tunes_what_its_budget_asks_for(em
     for (pipeline, _), line in asked.items():
         assert line[1] == "scripts/tune.py" and line[4:6] == ["--trials", str(budget[pipeline])]
         assert f"{pipeline}_recipe={'mnist1d' if pipeline == 'vit' else 'pydoc'}" in line
+    arms = {(j.pipeline, j.config["tuned_as"]) for j in jobs}  # every set of tuned values the runs read: arms, counted
+    assert {a for p, a in arms if p == "gpt2"} == {"adamw", "ham", "horst", "horst_prunable"}
     tuned = {
-        (j.pipeline, o)
+        (j.pipeline, a)
         for j in jobs
-        for o in ("adamw", "ham", "horst")
-        if (j.config["tuned"][o].get("provenance") or {}).get("trials") == budget[j.pipeline]
+        for a in {j.config["tuned_as"]}
+        if (j.config["tuned"][a].get("provenance") or {}).get("trials") == budget[j.pipeline]
     }
-    assert set(asked) == {(p, o) for p in ("vit", "gpt2") for o in ("adamw", "ham", "horst")} - tuned
+    assert set(asked) == arms - tuned
     done = [
         study.Job(
             **{
@@ -141,8 +143,8 @@ def test_the_embedded_study_is_its_presets_and_tunes_what_its_budget_asks_for(em
                 "config": {
                     **j.config,
                     "tuned": {
-                        o: {"provenance": {"trials": budget[j.pipeline], "eval_split": "validation", "seeds": [100]}}
-                        for o in ("adamw", "ham", "horst")
+                        a: {"provenance": {"trials": budget[j.pipeline], "eval_split": "validation", "seeds": [100]}}
+                        for _, a in arms
                     },
                 },
             }

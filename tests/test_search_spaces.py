@@ -104,3 +104,30 @@ def test_the_committed_picks_searched_different_hyperparameters_and_are_refused(
     config = compose(get(pipeline), [f"{get(pipeline).recipe_group}={recipe}"])
     with pytest.raises(BudgetError, match="searched different shared hyperparameters"):
         check_equal_budgets(config.tuned, ["adamw", "ham", "horst"], reporting_seeds=range(10))
+
+
+def test_an_arm_with_settings_of_its_own_is_tuned_on_its_own():
+    """horst_prunable (HORST mirroring only the prunable matrices) gets its own tuning over the
+    shared space and HORST's keys, into its own file: not HORST's pick."""
+    from horst_sparse.study.tuning import prepare
+
+    planned = prepare("gpt2", "horst_prunable", trials=2)
+    assert planned.arm_file == CONFIGS / "tuned" / "gpt2" / "pydoc" / "horst_prunable.yaml"
+    assert list(planned.space)[:3] == list(space("gpt2", "adamw")) and {"optimizer.alpha", "optimizer.beta"} < set(
+        planned.space
+    )
+    config = compose(get("gpt2"), ["+hparams_search=gpt2_horst_prunable"])
+    assert config.optimizer.hyperbolic_params == "prunable" and config.tuned_as == "horst_prunable"
+
+
+def test_an_untuned_arm_runs_at_horsts_values_and_the_study_counts_arms():
+    """Until it is tuned, horst_prunable reads HORST's values (its runs' configs are what they were);
+    the study's budget counts it as an arm of its own and refuses it untuned."""
+    from horst_sparse.study import run as study
+
+    horst_run, prunable = (compose(get("gpt2"), [f"+arm={arm}"]) for arm in ("horst", "horst_prunable"))
+    assert (prunable.train.lr, prunable.optimizer.alpha) == (horst_run.train.lr, horst_run.optimizer.alpha)
+    jobs = [j for j in study.study_jobs(["embedded_gpt2"]) if j.seed == 0]
+    assert sorted({j.config["tuned_as"] for j in jobs}) == ["adamw", "ham", "horst", "horst_prunable"]
+    with pytest.raises(BudgetError, match="arm horst_prunable was not tuned"):
+        study.check_budgets(jobs)

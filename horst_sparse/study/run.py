@@ -329,7 +329,7 @@ def cost_table(frame: pd.DataFrame, jobs: Sequence[Job]) -> str:
         done = runs[runs.run.isin({j.run for j in group})]
         tuned = {
             o: ((group[0].config["tuned"].get(o) or {}).get("provenance") or {}).get("trials")
-            for o in sorted({j.config["optimizer"]["name"] for j in group})
+            for o in sorted({j.config["tuned_as"] for j in group})
         }
         trials = sum(t or 0 for t in tuned.values())
         side_by_side = _preset(group[0].preset).get("hydra", {}).get("launcher", {}).get("n_jobs", 1)
@@ -409,20 +409,22 @@ def presets_of(study: str, pipelines: Sequence[str] | None = None, configs: Path
 
 
 def check_budgets(jobs: Sequence[Job]) -> None:
-    """Per pipeline: the optimizers the arms run at their tuned values (adamw, ham, horst) were tuned
-    alike on validation with seeds disjoint from the jobs' reporting seeds (horst_sparse.study.tuning's check,
-    a BudgetError naming the arm otherwise)."""
+    """Per pipeline: every set of tuned values the jobs read (adamw, ham, horst, horst_prunable) was
+    tuned alike on validation with seeds disjoint from the jobs' reporting seeds, over nested
+    spaces (horst_sparse.study.tuning's check, a BudgetError naming the arm otherwise)."""
     from horst_sparse.study.tuning import check_equal_budgets
 
     for _, group in itertools.groupby(sorted(jobs, key=lambda j: j.pipeline), key=lambda j: j.pipeline):
         group = list(group)
-        optimizers = sorted({j.config["optimizer"]["name"] for j in group})
-        check_equal_budgets(group[0].config["tuned"], optimizers, reporting_seeds=sorted({j.seed for j in group}))
+        # every set of tuned values a job reads (its `tuned_as`: an optimizer's, or an arm's own), so the
+        # budget counts arms; a control reads another arm's values and is not tuned on its own
+        tuned_sets = sorted({j.config["tuned_as"] for j in group})
+        check_equal_budgets(group[0].config["tuned"], tuned_sets, reporting_seeds=sorted({j.seed for j in group}))
 
 
 def tunings(study: str, jobs: Sequence[Job], configs: Path = REPO / "configs") -> list[list[str]]:
-    """The `scripts/tune.py` command lines the study's budget (configs/study/tuning.yaml) still
-    asks for: each optimizer its jobs run at tuned values whose pick was not made with that many
+    """The `horst-tune` command lines the study's budget (configs/study/tuning.yaml) still asks
+    for: each set of tuned values its jobs read (`tuned_as`) whose pick was not made with that many
     trials on validation at a tuning seed (a tuning already made is not redone)."""
     from horst_sparse.study.tuning import EVAL_SPLIT, TUNING_SEEDS_START
 
@@ -433,8 +435,8 @@ def tunings(study: str, jobs: Sequence[Job], configs: Path = REPO / "configs") -
     for pipeline, group in itertools.groupby(sorted(jobs, key=lambda j: j.pipeline), key=lambda j: j.pipeline):
         group = list(group)
         trials, recipe = budget["trials"][pipeline], group[0].recipe
-        for optimizer in sorted({j.config["optimizer"]["name"] for j in group}):
-            record = (group[0].config["tuned"].get(optimizer) or {}).get("provenance") or {}
+        for arm in sorted({j.config["tuned_as"] for j in group}):
+            record = (group[0].config["tuned"].get(arm) or {}).get("provenance") or {}
             if (
                 record.get("trials") == trials
                 and record.get("eval_split") == EVAL_SPLIT
@@ -446,10 +448,10 @@ def tunings(study: str, jobs: Sequence[Job], configs: Path = REPO / "configs") -
                     "python",
                     "scripts/tune.py",
                     pipeline,
-                    optimizer,
+                    arm,
                     "--trials",
                     str(trials),
-                    f"{pipeline}_recipe={recipe}",
+                    f"{get_pipeline(pipeline).recipe_group}={recipe}",
                     *budget["overrides"],
                 ]
             )
@@ -458,10 +460,9 @@ def tunings(study: str, jobs: Sequence[Job], configs: Path = REPO / "configs") -
 
 def tuning_commits(jobs: Sequence[Job]) -> list[str]:
     """The commits the picks the jobs run at were made at (scripts/tune.py's provenance)."""
-    commits = set()
-    for job in jobs:
-        for optimizer in ("adamw", "ham", "horst"):
-            commits.add(((job.config["tuned"].get(optimizer) or {}).get("provenance") or {}).get("commit"))
+    commits = {
+        ((job.config["tuned"].get(job.config["tuned_as"]) or {}).get("provenance") or {}).get("commit") for job in jobs
+    }
     return sorted(c for c in commits if c)
 
 

@@ -1,4 +1,5 @@
-"""Tuning an arm (one optimizer under one recipe) with a fixed budget, on the validation split.
+"""Tuning an arm (an optimizer, or an arm with values of its own, under one recipe) with a fixed
+budget, on the validation split.
 
 `tune()` is what `scripts/tune.py` runs: quasi-random search over the arm's search space
 (`configs/hparams_search/<pipeline>_<optimizer>.yaml`) through Hydra's multirun with
@@ -210,7 +211,7 @@ def require_clean_tree(root: Path | None = None, *, tuning: tuple[str, str] | No
 
 def prepare(
     pipeline: str,
-    optimizer: str,
+    arm: str,
     *,
     trials: int = DEFAULT_TRIALS,
     overrides: Iterable[str] = (),
@@ -218,23 +219,23 @@ def prepare(
     sweep_dir: Path | None = None,
 ) -> Tuning:
     """Compose the tuning's config and check that its pick can reach a run: every searched key
-    reads the arm's tuned file, the seed is a tuning seed, the split is validation."""
+    reads the arm's tuned file, the seed is a tuning seed, the split is validation. An arm is an
+    optimizer (the runs that select it read its values) or an arm of configs/arm/ with values of
+    its own (`tuned_as: <arm>`, e.g. horst_prunable)."""
     try:
         registered = get_pipeline(pipeline)
     except UnknownPipeline as error:
         raise TuningError(str(error)) from None
-    search = config_dir / "hparams_search" / f"{pipeline}_{optimizer}.yaml"
+    search = config_dir / "hparams_search" / f"{pipeline}_{arm}.yaml"
     if not search.is_file():
         known = sorted(p.stem.split("_", 1)[1] for p in search.parent.glob(f"{pipeline}_*.yaml"))
-        raise TuningError(
-            f"no search space for {optimizer} on {pipeline} ({search} is missing); tunable: {', '.join(known)}"
-        )
+        raise TuningError(f"no search space for {arm} on {pipeline} ({search} is missing); tunable: {', '.join(known)}")
     if trials < 1:
         raise TuningError(f"--trials {trials}: a tuning needs at least one trial")
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     registered.register_configs()
-    arguments = [f"+hparams_search={pipeline}_{optimizer}", *overrides]
+    arguments = [f"+hparams_search={pipeline}_{arm}", *overrides]
     parsed = OverridesParser.create().parse_overrides(
         list(overrides)
     )  # a sweep on the command line replaces the YAML's
@@ -248,34 +249,29 @@ def prepare(
             raise TuningError(str(error)) from None
     choices = cfg.hydra.runtime.choices
     recipe = choices[registered.recipe_group]
-    if cfg.optimizer.name != optimizer:
-        raise TuningError(f"{search.name} tunes optimizer={cfg.optimizer.name}, not {optimizer}")
-    arm_choice = choices.get(f"tuned/{pipeline}/{recipe}@tuned.{optimizer}")
+    if cfg.tuned_as != arm:
+        raise TuningError(f"{search.name} tunes the values of {cfg.tuned_as} (tuned_as), not {arm}'s")
+    arm_choice = choices.get(f"tuned/{pipeline}/{recipe}@tuned.{arm}")
     if arm_choice is None:
-        raise TuningError(
-            f"the {recipe} recipe has no tuned file for {optimizer} (configs/tuned/{pipeline}/{recipe}.yaml)"
-        )
+        raise TuningError(f"the {recipe} recipe has no tuned file for {arm} (configs/tuned/{pipeline}/{recipe}.yaml)")
     if cfg.seed < TUNING_SEEDS_START:
         raise TuningError(f"seed={cfg.seed}: tuning seeds start at {TUNING_SEEDS_START} (reporting seeds are below it)")
     if cfg.get("eval_split") != EVAL_SPLIT:
         raise TuningError(f"eval_split={cfg.get('eval_split')}: tuning scores on the validation split only")
     space = {**{str(k): str(v) for k, v in cfg.hydra.sweeper.params.items()}, **searched}
-    tuned = OmegaConf.to_container(cfg.tuned[optimizer], resolve=False)
+    tuned = OmegaConf.to_container(cfg.tuned[arm], resolve=False)
     for key in space:
         leaf = key.rsplit(".", 1)[-1]
         wire = OmegaConf.to_container(OmegaConf.select(cfg, key.rsplit(".", 1)[0]), resolve=False).get(leaf)
-        # the optimizer's YAML reads its own entry; the recipe the selected optimizer's (docs/design.md §7)
-        if leaf not in tuned or wire not in (
-            f"${{tuned.{optimizer}.{leaf}}}",
-            f"${{tuned.${{optimizer.name}}.{leaf}}}",
-        ):
+        # the optimizer's YAML and the recipe read the entry of the run's `tuned_as` (docs/design.md §7)
+        if leaf not in tuned or wire not in (f"${{tuned.{arm}.{leaf}}}", f"${{tuned.${{tuned_as}}.{leaf}}}"):
             raise TuningError(
-                f"{search.name} searches {key}, which the run does not read from tuned.{optimizer}.{leaf} "
+                f"{search.name} searches {key}, which the run does not read from tuned.{arm}.{leaf} "
                 f"(it is {wire!r}): the pick would never reach a run"
             )
     if sweep_dir is None:
         stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-        sweep_dir = ROOT / "multirun" / "tuning" / f"{pipeline}_{recipe}_{optimizer}" / stamp
+        sweep_dir = ROOT / "multirun" / "tuning" / f"{pipeline}_{recipe}_{arm}" / stamp
     arguments += [
         f"hydra.sweeper.n_trials={trials}",
         f"hydra.sweeper.direction={registered.tuning.direction}",
@@ -283,7 +279,7 @@ def prepare(
     ]
     return Tuning(
         pipeline,
-        optimizer,
+        arm,
         recipe,
         config_dir / "tuned" / pipeline / recipe / f"{arm_choice}.yaml",
         space,
@@ -432,7 +428,7 @@ def write_pick(
 
 def tune(
     pipeline: str,
-    optimizer: str,
+    arm: str,
     *,
     trials: int = DEFAULT_TRIALS,
     overrides: Iterable[str] = (),
@@ -442,10 +438,8 @@ def tune(
     results_dir: Path = RESULTS,
     sweep_dir: Path | None = None,
 ) -> dict:
-    """Tuning, run the trials, write the pick; returns the arm's new tuned values."""
-    tuning = prepare(
-        pipeline, optimizer, trials=trials, overrides=overrides, config_dir=config_dir, sweep_dir=sweep_dir
-    )
+    """Prepare, run the trials, write the pick; returns the arm's new tuned values."""
+    tuning = prepare(pipeline, arm, trials=trials, overrides=overrides, config_dir=config_dir, sweep_dir=sweep_dir)
     rows = collect(tuning, run_trials(tuning, config_dir))
     return write_pick(tuning, rows, commit=commit, command=command, results_dir=results_dir)
 
@@ -544,15 +538,16 @@ def main(argv: list[str] | None = None) -> None:
         epilog=(main.__doc__ or "").split("\n\n", 1)[1],
     )
     parser.add_argument("pipeline", choices=names())
-    parser.add_argument("optimizer", help="an optimizer with a search space: adamw, ham, horst")
+    parser.add_argument("arm", help="an optimizer (adamw, ham, horst) or an arm with values of its own (horst_prunable): "
+                        "one with a search space configs/hparams_search/<pipeline>_<arm>.yaml")  # fmt: skip
     parser.add_argument("--trials", type=int, default=DEFAULT_TRIALS, help=f"the budget (default {DEFAULT_TRIALS})")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of every trial, e.g. hydra/launcher=slurm")
     args = parser.parse_intermixed_args(argv)  # `--trials 8` before or after the overrides
     try:
-        commit = require_clean_tree(tuning=(args.pipeline, args.optimizer))
+        commit = require_clean_tree(tuning=(args.pipeline, args.arm))
         values = tune(
             args.pipeline,
-            args.optimizer,
+            args.arm,
             trials=args.trials,
             overrides=args.overrides,
             commit=commit,

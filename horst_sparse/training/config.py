@@ -69,6 +69,7 @@ class LoggingConfig:
 class RunConfig:
     """The keys every pipeline has besides its own sections."""
 
+    tuned_as: str = MISSING  # whose tuned values the run reads (configs/tuned/): its optimizer's, or its arm's own
     pipeline: str = MISSING  # which pipeline the config is (horst_sparse.pipeline's registry): its primary config says
     model: Any = MISSING  # configs/model/*.yaml, typed by the pipeline's model schema
     optimizer: Any = MISSING  # configs/optimizer/*.yaml: `_target_` + `_partial_`, checked by the class itself

@@ -43,6 +43,7 @@ NO_EFFECT = (
     # every arm's tuned values (configs/tuned/): they reach a run only through optimizer.* and
     # train.*, which are compared; retuning AdamW does not make a HORST run stale
     "tuned",
+    "tuned_as",
 )
 
 

@@ -76,13 +76,21 @@ def optimizer_factory(node: Mapping[str, Any]) -> functools.partial:
         factory = instantiate({**settings, "_partial_": True}, _convert_="all")
     except InstantiationException as error:
         raise ConfigError(f"optimizer._target_={settings['_target_']}: {str(error).splitlines()[0]}") from None
-    name, cls = node.get("name"), factory.func.__name__
+    check_label(node)
+    return factory
+
+
+def check_label(node: Mapping[str, Any]) -> None:
+    """`optimizer.name` labels every record and table, and picks the tuned values a run reads
+    (`tuned_as`): it must be its class's. Reads only `name` and `_target_`, so it runs before the
+    rest of the config resolves (a renamed optimizer would first miss its tuned values)."""
+    name, target = node.get("name"), str(node.get("_target_"))
+    cls = target.rsplit(".", 1)[-1]
     if name is not None and str(name).replace("_", "").lower() != cls.lower():
         raise ConfigError(
-            f"optimizer.name={name} but optimizer._target_={settings['_target_']} runs {cls}: choose the optimizer "
+            f"optimizer.name={name} but optimizer._target_={target} runs {cls}: choose the optimizer "
             f"with optimizer=<file of configs/optimizer/>, not optimizer.name=; the name is the class's"
         )
-    return factory
 
 
 def build_optimizer(

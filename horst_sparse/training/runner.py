@@ -542,10 +542,17 @@ def hydra_task(task: Callable[..., dict], cfg: DictConfig) -> dict | None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
+    from horst_sparse.training.optim import check_label
+
     global _continue_command, _sweep
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    try:
+        check_label(cfg.optimizer)
+    except RunError as error:
+        tqdm.write(f"error: {error}", file=sys.stderr)
+        sys.exit(error.exit_code)
     if cfg.resume == "auto" and (done := finished_summary(run_dir, OmegaConf.to_container(cfg, resolve=True))):
         print(f"{run_dir} holds this run, finished ({SUMMARY_FILE}); nothing to do (resume=never trains it again)")
         return done
