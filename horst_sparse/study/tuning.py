@@ -264,7 +264,10 @@ def prepare(
         leaf = key.rsplit(".", 1)[-1]
         wire = OmegaConf.to_container(OmegaConf.select(cfg, key.rsplit(".", 1)[0]), resolve=False).get(leaf)
         # the optimizer's YAML and the recipe read the entry of the run's `tuned_as` (docs/design.md §7)
-        if leaf not in tuned or wire not in (f"${{tuned.{arm}.{leaf}}}", f"${{tuned.${{tuned_as}}.{leaf}}}"):
+        reads = {f"${{tuned.{arm}.{leaf}}}", f"${{tuned.${{tuned_as}}.{leaf}}}"}
+        if cfg.optimizer.name == arm:  # a recipe written before `tuned_as` reads the optimizer's entry
+            reads.add(f"${{tuned.${{optimizer.name}}.{leaf}}}")
+        if leaf not in tuned or wire not in reads:
             raise TuningError(
                 f"{search.name} searches {key}, which the run does not read from tuned.{arm}.{leaf} "
                 f"(it is {wire!r}): the pick would never reach a run"
