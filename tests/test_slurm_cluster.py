@@ -281,19 +281,21 @@ def test_a_late_requeue_of_a_finished_cell_changes_no_file(slurm_cluster, pydoc_
 
 
 def test_submit_and_return_then_status_follows_the_cells(slurm_cluster, pydoc_dir, tmp_path):
-    """`hydra.launcher.wait=false` returns once the jobs are queued; `scripts/sweep_status.py`
-    shows each cell's state, records a cell SLURM ended as failed, and collects the tables."""
+    """`hydra.launcher.wait=false` returns once the jobs are queued; `horst-sweep-status` (the
+    command it names) shows each cell's state, records a cell SLURM ended as failed, and collects
+    the tables."""
     sweep_dir = tmp_path / "sweep"
     launcher = sweep(sweep_dir, f"data.dir={pydoc_dir}", "train.max_steps=6,2000", "hydra.launcher.wait=false")
     _, stderr = launcher.communicate(timeout=TIMEOUT)
     assert launcher.returncode == 0, stderr[-3000:]
-    assert f"their state: python scripts/sweep_status.py {sweep_dir}" in stderr
+    assert f"their state: horst-sweep-status {sweep_dir}" in stderr
+    sweep_status = str(Path(sys.executable).parent / "horst-sweep-status")  # installed beside this Python
     short, long = cells(sweep_dir)
     assert not list(sweep_dir.glob("*/summary.json"))  # returned before any cell finished
 
     def status() -> subprocess.CompletedProcess:
         return subprocess.run(
-            [sys.executable, str(ROOT / "scripts" / "sweep_status.py"), str(sweep_dir)],
+            [sweep_status, str(sweep_dir)],
             env=ENV,
             capture_output=True,
             text=True,
@@ -317,13 +319,7 @@ def test_submit_and_return_then_status_follows_the_cells(slurm_cluster, pydoc_di
     assert "1 done, 1 failed, 0 running, 0 pending of 2 cells" in final.stdout
 
     tables = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "sweep_status.py"),
-            str(sweep_dir),
-            "--tables",
-            str(tmp_path / "tables"),
-        ],
+        [sweep_status, str(sweep_dir), "--tables", str(tmp_path / "tables")],
         env=ENV,
         capture_output=True,
         text=True,
