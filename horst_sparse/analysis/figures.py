@@ -13,7 +13,7 @@ import pandas as pd
 
 from horst_sparse.analysis.claims import pct
 from horst_sparse.analysis.runs import weight_histogram
-from horst_sparse.analysis.tables import order
+from horst_sparse.analysis.tables import arm_color, order
 
 MARKERS = "osD^vP*Xh"
 
@@ -76,7 +76,13 @@ def metric_figure(
             offset = 1.06 ** (i - (panel["arm"].nunique() - 1) / 2)  # side by side on the log axis
             density = (1 - runs["sparsity"]) * offset
             ax.scatter(
-                density, runs["value"], marker=MARKERS[k % len(MARKERS)], s=16, alpha=0.55, color=f"C{k}", linewidths=0
+                density,
+                runs["value"],
+                marker=MARKERS[k % len(MARKERS)],
+                s=16,
+                alpha=0.55,
+                color=arm_color(arm, arms),
+                linewidths=0,
             )
             means = runs.groupby("sparsity")["value"].mean()
             seeds = runs["seed"].nunique()
@@ -86,7 +92,7 @@ def metric_figure(
                 "-",
                 marker=MARKERS[k % len(MARKERS)],
                 ms=5,
-                color=f"C{k}",
+                color=arm_color(arm, arms),
                 label=f"{arm} (mean of {seeds} seed{'s' if seeds > 1 else ''})",
             )
         _density_axis(ax, sparsities)
@@ -135,13 +141,14 @@ def weight_figure(
         drawn.setdefault(row.pipeline, []).append((row.arm, row, histogram))
     if not drawn:
         return notes + ["weight figure not drawn: no run folder with a weight histogram"], used
+    all_arms = list(dict.fromkeys(a for items in drawn.values() for a, _, _ in items))
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(drawn), figsize=(6 * len(drawn), 4.4), squeeze=False, layout="constrained")
     for ax, (pipeline, items) in zip(axes[0], drawn.items()):
         for arm, row, (counts, edges, where) in items:
             counts, edges = np.asarray(counts, dtype=float), np.asarray(edges, dtype=float)
             density = counts / (counts.sum() * np.diff(edges))
-            ax.stairs(density, edges, label=arm, linewidth=1.5)
+            ax.stairs(density, edges, label=arm, linewidth=1.5, color=arm_color(arm, all_arms))
             notes.append(f"{pipeline} {arm}: {row.run} ({where})")
         row = items[0][1]
         # AC/DC runs: the last dense (decompressed) epoch's weights; one-shot pruning: the trained model's

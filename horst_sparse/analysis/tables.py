@@ -45,6 +45,12 @@ WEIGHT_METRICS = ("weights_median_log10", "weights_below_1e-3")
 ARM_ORDER = ("adamw", "ham", "horst", "horst_prunable", "horst_sm", "horst_beta0", "horst_mirror_off", "adamw_decay")
 
 
+def arm_color(arm: str, arms: list[str]) -> str:
+    """One colour per arm in every figure: its place in ARM_ORDER, then after them in `arms`."""
+    extra = [a for a in arms if a not in ARM_ORDER]
+    return f"C{ARM_ORDER.index(arm) if arm in ARM_ORDER else len(ARM_ORDER) + extra.index(arm)}"
+
+
 def title(pipeline: str, metric: str) -> str:
     """A table's title: `vit: top-1 accuracy (%) of the final model`."""
     return f"{pipeline}: {METRIC_TITLES.get(metric, metric)}"

@@ -120,9 +120,7 @@ def figure(curve: pd.DataFrame, path: Path, *, title: str, ylabel: str, log_y: b
     arms = [a for a in tables.ARM_ORDER if a in set(curve.arm)] + sorted(set(curve.arm) - set(tables.ARM_ORDER))
     for arm in arms:
         part = curve[curve.arm == arm]
-        color = (
-            f"C{tables.ARM_ORDER.index(arm) if arm in tables.ARM_ORDER else len(tables.ARM_ORDER) + arms.index(arm)}"
-        )
+        color = tables.arm_color(arm, arms)
         finite = part[np.isfinite(part.low) & np.isfinite(part.high)]
         ax.fill_between(finite.k, finite.low, finite.high, color=color, alpha=0.15, linewidth=0)
         ax.plot(part.k, part["median"], "-o", ms=3, color=color, label=f"{arm} (median; band {100 * CONFIDENCE:g} %)")
