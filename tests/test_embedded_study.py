@@ -95,10 +95,12 @@ def test_arms_not_tuned_alike_are_refused():
 
 
 def test_the_embedded_study_is_its_presets_and_tunes_what_its_budget_asks_for(embedded_jobs):
-    """embedded_vit (tuned arms x 70/80/90 %), its controls' part at 90 % (a preset over it) and
-    GPT-2's four arms, seeds 0-9; the budget (configs/study/tuning.yaml) asks scripts/tune.py for
-    each optimizer the arms run, with the same trials per pipeline, on the study's recipe, and
-    for none whose pick already has that budget."""
+    """Protocol v3's presets: embedded_vit (tuned arms x 70/80/90 %), its controls' part at 90 % (a
+    preset over it) and GPT-2's four tuned arms and its mirror-off control, seeds 10-19; the
+    protocol's budget asks scripts/tune.py for each set of tuned values the arms read, with the same
+    trials and reruns per pipeline, on the study's recipe, and for none already tuned under it."""
+    from horst_sparse.study import protocol
+
     jobs = embedded_jobs
     by_preset = {
         p: [j for j in jobs if j.preset == p] for p in ("embedded_vit", "embedded_vit_controls", "embedded_gpt2")
@@ -106,34 +108,47 @@ def test_the_embedded_study_is_its_presets_and_tunes_what_its_budget_asks_for(em
     assert {p: len(js) for p, js in by_preset.items()} == {
         "embedded_vit": 90,
         "embedded_vit_controls": 40,
-        "embedded_gpt2": 40,
+        "embedded_gpt2": 50,
     }
+    for preset, arm in (("embedded_vit_controls", "horst_mirror_off"), ("embedded_gpt2", "horst_mirror_off")):
+        mirror_off = next(j.config for j in by_preset[preset] if j.config["arm"] == arm)
+        base = "embedded_vit" if preset == "embedded_vit_controls" else preset
+        horst = next(j.config for j in by_preset[base] if j.config["arm"] == "horst")
+        assert (mirror_off["optimizer"]["alpha"], mirror_off["optimizer"]["beta"]) == (0.0, 0.0)  # AdamW, bit for bit
+        assert mirror_off["train"] == horst["train"]
+        assert mirror_off["optimizer"]["weight_decay"] == horst["optimizer"]["weight_decay"]
     controls = by_preset["embedded_vit_controls"]
     assert {j.config["arm"] for j in controls} == {"horst_beta0", "adamw_decay", "horst_sm", "horst_mirror_off"}
-    mirror_off = next(j.config for j in controls if j.config["arm"] == "horst_mirror_off")
-    horst = next(j.config for j in by_preset["embedded_vit"] if j.config["arm"] == "horst")
-    assert (mirror_off["optimizer"]["alpha"], mirror_off["optimizer"]["beta"]) == (0.0, 0.0)  # AdamW, bit for bit
-    assert (
-        mirror_off["train"] == horst["train"]
-        and mirror_off["optimizer"]["weight_decay"] == horst["optimizer"]["weight_decay"]
+    assert {j.config["acdc"]["sparsity"] for j in controls} == {0.9} and {j.seed for j in controls} == set(
+        range(10, 20)
     )
-    assert {j.config["acdc"]["sparsity"] for j in controls} == {0.9} and {j.seed for j in controls} == set(range(10))
     assert {(j.config["data"]["name"], j.config["eval_split"], j.recipe) for j in controls} == {
         ("mnist1d", "test", "mnist1d")
     }
-    lines = study.tunings("embedded", jobs)
+    current = protocol.current("embedded")
+    lines = study.tunings(current, jobs)
     asked = {(line[2], line[3]): line for line in lines}
-    budget = yaml.safe_load((ROOT / "configs" / "study" / "tuning.yaml").read_text())["embedded"]["trials"]
-    for (pipeline, _), line in asked.items():
-        assert line[1] == "scripts/tune.py" and line[4:6] == ["--trials", str(budget[pipeline])]
+    budget = current.tuning
+    for (pipeline, arm), line in asked.items():
+        assert line[1] == "scripts/tune.py" and line[4:10] == [
+            "--trials", str(budget["trials"][pipeline]), "--top-k", str(budget["top_k"][pipeline]),
+            "--rerun-seeds", str(budget["rerun_seeds"]),
+        ]  # fmt: skip
+        assert line[10:14] == [
+            "--protocol",
+            "protocols/embedded/v3.yaml",
+            "--sweep-dir",
+            f"outputs/embedded/v3/tuning/{pipeline}/{arm}",
+        ]
         assert f"{pipeline}_recipe={'mnist1d' if pipeline == 'vit' else 'pydoc'}" in line
     arms = {(j.pipeline, j.config["tuned_as"]) for j in jobs}  # every set of tuned values the runs read: arms, counted
     assert {a for p, a in arms if p == "gpt2"} == {"adamw", "ham", "horst", "horst_prunable"}
+    assert {a for p, a in arms if p == "vit"} == {"adamw", "ham", "horst"}
     tuned = {
         (j.pipeline, a)
         for j in jobs
         for a in {j.config["tuned_as"]}
-        if (j.config["tuned"][a].get("provenance") or {}).get("trials") == budget[j.pipeline]
+        if ((j.config["tuned"][a].get("provenance") or {}).get("protocol") or {}).get("hash") == current.hash
     }
     assert set(asked) == arms - tuned
     done = [
@@ -142,17 +157,13 @@ def test_the_embedded_study_is_its_presets_and_tunes_what_its_budget_asks_for(em
                 **j.__dict__,
                 "config": {
                     **j.config,
-                    "tuned": {
-                        a: {"provenance": {"trials": budget[j.pipeline], "eval_split": "validation", "seeds": [100]}}
-                        for _, a in arms
-                    },
+                    "tuned": {a: {"provenance": {"protocol": {"hash": current.hash}}} for _, a in arms},
                 },
             }
         )
         for j in jobs
     ]
-    assert study.tunings("embedded", done) == []
-    assert study.tunings("demo", jobs) == []  # the demo has no budget: it is not a comparison
+    assert study.tunings(current, done) == []
 
 
 def test_the_cost_table_is_measured_from_the_runs(embedded_jobs):
@@ -184,7 +195,7 @@ def test_the_cost_table_is_measured_from_the_runs(embedded_jobs):
     expected_hours = (len(vit) + trials) * 41.0 / 2 / 3600  # each trial one run; two runs side by side
     assert row.split(" | ")[1:4] == [f"30 of {len(vit)}", "41", f"{30 * 41.0 / 3600:.1f}"]
     assert row.rstrip(" |").endswith(f"{expected_hours:.1f}")
-    assert "| gpt2 | 0 of 40 | – |" in text and "Machine: host node7 (Xeon, AVX512), 1 torch thread(s) a run." in text
+    assert "| gpt2 | 0 of 50 | – |" in text and "Machine: host node7 (Xeon, AVX512), 1 torch thread(s) a run." in text
 
 
 def test_a_stale_run_is_named_with_the_keys_that_differ(tmp_path, demo_jobs, write_run):

@@ -7,6 +7,7 @@ the basic launcher, in this process (so the test split can be poisoned in place)
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import subprocess
@@ -31,8 +32,9 @@ TINY = (
     "acdc.final_compressed=1",
     "model.depth=1",
     "logging.mode=disabled",
-    "train.warmup_epochs=int(interval(0, 2))",
-)  # (the last: a sweep, replacing the YAML's 0-4)
+    "train.warmup_epochs=int(interval(0, 2))",  # a sweep, replacing the YAML's 0-8
+    "tune_over=null",  # one run a trial (the search space's: one per reported sparsity; tested below)
+)
 TRIALS = 3
 
 
@@ -385,3 +387,33 @@ def test_trials_run_through_submitit_as_on_slurm(tmp_path):
     )
     assert len(list((tmp_path / "sweep" / ".submitit").rglob("*_log.out"))) == 2
     assert len(values["provenance"]["scores"]) == 2 and all(0 < s <= 1 for s in values["provenance"]["scores"])
+
+
+def test_a_trial_scores_the_mean_over_its_cells_and_the_best_are_rerun_at_more_seeds(tmp_path):
+    """A trial of the ViT runs once per sparsity the claims report (`tune_over`) and scores their
+    mean; the top k trials are rerun at the next tuning seeds through Hydra's multirun, and the pick
+    is the best mean over seeds among them (every row in tuning.csv, stage search or rerun)."""
+    configs = tmp_path / "configs"
+    shutil.copytree(ROOT / "configs", configs)
+    overrides = (*TINY[:-1], "tune_over={acdc:{sparsity:[0.5,0.9]}}")
+    values = tuning.tune("vit", "horst", trials=2, top_k=1, rerun_seeds=1, overrides=overrides, commit="c0ffee",
+                         command="pytest", config_dir=configs, results_dir=tmp_path / "results",
+                         sweep_dir=tmp_path / "sweep")  # fmt: skip
+    rows = pd.read_csv(tmp_path / "results" / "vit" / "digits" / "tuning.csv")
+    assert list(zip(rows.stage, rows.seed)) == [("search", 100), ("search", 100), ("rerun", 101)]
+    search = rows[rows.stage == "search"]
+    best = search.loc[search.score.idxmax()]
+    assert rows[rows.stage == "rerun"].trial.item() == best.trial  # the top 1, its values as sampled
+    for key in ("train.base_lr", "optimizer.alpha"):
+        assert rows[rows.stage == "rerun"][key].item() == best[key]
+    for row in rows.itertuples():  # each score: the mean of its two runs' validation top-1
+        folder = tmp_path / "sweep" if row.stage == "search" else tmp_path / "sweep" / "rerun" / f"trial{row.trial}"
+        (trial,) = [p for p in folder.iterdir() if p.name.startswith(f"{0 if row.stage == 'rerun' else row.trial}_")]
+        top1 = [json.loads((trial / f"acdc.sparsity={s}" / "summary.json").read_text()) for s in (0.5, 0.9)]
+        assert {t["eval_split"] for t in top1} == {"validation"}
+        assert row.score == pytest.approx(sum(t["top1"] for t in top1) / 2)
+        assert [t["target_sparsity"] for t in top1] == [0.5, 0.9]
+    pick = values["provenance"]["pick"]
+    assert pick["trial"] == best.trial and pick["score"] == pytest.approx(rows[rows.trial == best.trial].score.mean())
+    assert values["provenance"]["top_k"] == 1 and values["provenance"]["rerun_seeds"] == [101]
+    assert "the mean over acdc.sparsity=0.5; acdc.sparsity=0.9" in values["provenance"]["metric"]

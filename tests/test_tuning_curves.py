@@ -69,5 +69,60 @@ def test_the_command_writes_its_table_and_figure(tmp_path):
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "tuning_curves.png").stat().st_size > 10_000 and "| k | adamw | horst |" in done.stdout
     assert len(pd.read_csv(tmp_path / "tuning_curves.csv")) == 8
+    stability = (tmp_path / "pick_stability.md").read_text()
+    assert stability.startswith(f"Written by `horst-tuning-curves {path} --maximize") and "protocol" not in stability
+    assert "- adamw's pick (trial 2) changes in " in stability  # no reruns: the best search score
+    assert pd.read_csv(tmp_path / "pick_stability.csv").top_k.eq(0).all()
     missing = subprocess.run([*command[:1], str(tmp_path / "none.csv")], capture_output=True, text=True)
     assert missing.returncode == 1 and missing.stderr.strip().startswith("error: no tuning record")
+
+
+def test_a_versioned_record_with_reruns_gets_curves_of_its_search_stage_per_protocol(tmp_path):
+    """Protocol 3 reran the top 2 of each arm's 6 trials at two more seeds; the curves are of the 6
+    search trials, the pick is the best mean of the top 2, and a record that marks another trial says so."""
+    search = {"adamw": [0.50, 0.60, 0.70, 0.65, 0.40, 0.45], "horst": [0.55, 0.62, 0.71, 0.60, 0.30, 0.35]}
+    reruns = {
+        ("adamw", 2): [0.60, 0.62],
+        ("adamw", 3): [0.66, 0.64],
+        ("horst", 2): [0.70, 0.72],
+        ("horst", 1): [0.60, 0.61],
+    }
+    rows = record(search).assign(stage="search", seed=100, protocol=3)
+    more = [
+        {
+            "arm": arm,
+            "trial": trial,
+            "score": s,
+            "metric": "validation top-1",
+            "stage": "rerun",
+            "seed": 101 + i,
+            "protocol": 3,
+        }
+        for (arm, trial), scores in reruns.items()
+        for i, s in enumerate(scores)
+    ]
+    rows = pd.concat([rows, pd.DataFrame(more)], ignore_index=True)
+    rows["pick"] = [(a, t) in {("adamw", 2), ("horst", 2)} for a, t in zip(rows.arm, rows.trial)]  # adamw's: stale
+    path = tmp_path / "tuning.csv"
+    rows.to_csv(path, index=False)
+    command = [str(Path(sys.executable).parent / "horst-tuning-curves"), str(path), "--maximize", "--support", "0", "1"]
+    done = subprocess.run([*command, "--draws", "300"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "tuning_curves.md").exists() and (tmp_path / "tuning_curves_v3.png").stat().st_size > 10_000
+    assert len(pd.read_csv(tmp_path / "tuning_curves_v3.csv")) == 12  # the search stage alone
+    curves_md = (tmp_path / "tuning_curves_v3.md").read_text()
+    assert curves_md.startswith("Written by `horst-tuning-curves") and "protocol v3, search stage" in curves_md
+    table = pd.read_csv(tmp_path / "pick_stability.csv")
+    assert table.columns.tolist() == [
+        "protocol", "arm", "trials", "top_k", "seeds", "pick", "pick_score", "draws", "changed", "absent", "runner_up",
+        "runner_up_share",
+    ]  # fmt: skip
+    assert table[["protocol", "arm", "trials", "top_k", "seeds", "pick"]].values.tolist() == [
+        [3, "adamw", 6, 2, 3, 3],
+        [3, "horst", 6, 2, 3, 2],
+    ]
+    stability = (tmp_path / "pick_stability.md").read_text()
+    assert "## Pick stability of adamw, horst, protocol v3" in stability
+    assert "- adamw's pick (trial 3) changes in " in stability and " of 300 bootstrap draws" in stability
+    assert "The record's pick column marks trial 2, not this rule's pick." in stability
+    assert stability.count("not this rule's pick") == 1

@@ -2,7 +2,8 @@
 of `claims.yaml` (the one place they are stated; read it for what "supports" means).
 
     judgement = judge(frame, load_rules())       # one row per endpoint
-    verdicts(judgement)                          # one row per claim
+    verdicts(judgement, rules)                   # one row per claim
+    sensitivity(judgement)                       # the endpoints the sign-flip test would judge otherwise
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from horst_sparse.analysis.stats import detectable_effect, holm, paired_interval
+from horst_sparse.analysis.stats import detectable_effect, holm, paired_interval, sign_flip_p
 
 RULES = Path(__file__).with_name("claims.yaml")
 SUPPORTS, CONTRADICTS, UNDECIDED, NOT_TESTABLE = "supports", "contradicts", "undecided", "not testable"
@@ -60,11 +61,39 @@ def paired_gains(table: pd.DataFrame, first: str, second: str, sparsity: float, 
     return gains[np.isfinite(gains)]
 
 
+def _scale(spec: dict[str, Any], metric: dict[str, Any]) -> tuple[bool, str]:
+    """Whether the endpoint compares on the log scale (a ratio), and its unit: the metric's, or
+    the endpoint's own `scale` with its `unit` (a unit of differences is no unit of ratios)."""
+    scale = spec.get("scale", metric["scale"])
+    if scale != metric["scale"] and "unit" not in spec:
+        raise ValueError(f"an endpoint of {spec['metric']} on the {scale} scale states its unit (`unit:`)")
+    return scale == "ratio", spec.get("unit", metric["unit"])
+
+
+def _margin(spec: dict[str, Any], log: bool, sign: int) -> tuple[float, float, str]:
+    """The endpoint's margin as stated (NaN: none), as tested (its log for a ratio; 0: none), and
+    its words for the label. A margin lies in the claimed direction: "at least twice" is 2.0 where
+    higher is better, "lower by at least 0.3" is -0.3."""
+    if "margin" not in spec:
+        return math.nan, 0.0, ""
+    margin = float(spec["margin"])
+    shift = (math.log(margin) if margin > 0 else math.nan) if log else margin
+    if not sign * shift > 0:  # NaN fails too
+        raise ValueError(
+            f"{spec['first']} vs {spec['second']} on {spec['metric']}: margin {margin:g} lies against the claimed "
+            f"direction (better is {'higher' if sign > 0 else 'lower'}: a margin {'>' if sign > 0 else '<'} {int(log)})"
+        )
+    text = f"×{margin:g}" if log else f"{margin:+g}"
+    return margin, shift, f", {'at least' if sign > 0 else 'at most'} {text}"
+
+
 def _endpoints(rules: dict[str, Any], claim: dict[str, Any], frame: pd.DataFrame) -> list[dict[str, Any]]:
     rows = []
     for spec in claim["endpoints"]:
         metric = rules["metrics"][spec["metric"]]
-        log, sign = metric["scale"] == "ratio", 1 if metric["better"] == "higher" else -1
+        sign = 1 if metric["better"] == "higher" else -1
+        log, unit = _scale(spec, metric)
+        margin, shift, bound = _margin(spec, log, sign)
         cells = {k: v for k, v in rules["cells"][claim["pipeline"]].items() if k in ("method", "pattern")}
         cells |= {k: spec[k] for k in ("method", "pattern") if k in spec}
         table = per_seed(frame, claim["pipeline"], spec["metric"], cells["method"], cells["pattern"])
@@ -75,9 +104,11 @@ def _endpoints(rules: dict[str, Any], claim: dict[str, Any], frame: pd.DataFrame
             metric=spec["metric"],
             first=spec["first"],
             second=spec["second"],
-            unit=metric["unit"],
+            unit=unit,
             decimals=metric["decimals"],
             ratio=log,
+            margin=margin,
+            shift=shift,
             sign=sign,
         )
         if "at" in spec:
@@ -86,7 +117,7 @@ def _endpoints(rules: dict[str, Any], claim: dict[str, Any], frame: pd.DataFrame
                 rows.append(
                     {
                         **base,
-                        "endpoint": f"{named}{spec['first']}{operator}{spec['second']} at {pct(s)}",
+                        "endpoint": f"{named}{spec['first']}{operator}{spec['second']} at {pct(s)}{bound}",
                         "gains": gains,
                     }
                 )
@@ -104,31 +135,41 @@ def _endpoints(rules: dict[str, Any], claim: dict[str, Any], frame: pd.DataFrame
                 {
                     **base,
                     "endpoint": f"{named}{spec['first']}{operator}{spec['second']}: {what} at {pct(end)} "
-                    f"{'over' if log else 'minus'} {what} at {pct(start)}",
+                    f"{'over' if log else 'minus'} {what} at {pct(start)}{bound}",
                     "gains": after[seeds] - before[seeds],
                 }
             )
     return rows
 
 
+def _outcome(n: int, p_holm: float, alpha: float, beyond: float) -> str:
+    """`beyond`: > 0 where the mean lies beyond the margin (0 without one) in the claimed direction."""
+    if n < 2 or not math.isfinite(p_holm):
+        return NOT_TESTABLE
+    if p_holm < alpha:
+        return SUPPORTS if beyond > 0 else CONTRADICTS
+    return UNDECIDED
+
+
 def judge(frame: pd.DataFrame, rules: dict[str, Any]) -> pd.DataFrame:
-    """One row per endpoint: its estimate, interval, p, Holm-adjusted p, outcome, detectable effect.
+    """One row per endpoint: its estimate, interval, p, Holm-adjusted p, outcome, detectable effect,
+    and the sign-flip test's p, Holm-adjusted p and outcome (the sensitivity analysis).
     `frame` holds one study's runs of one split (the caller chooses: `rules["split"]`)."""
     confidence, power = rules["confidence"], rules["power"]
     alpha = 1 - confidence
     rows = []
     for claim in rules["claims"]:
         family = _endpoints(rules, claim, frame)
-        intervals = [paired_interval(e.pop("gains").to_numpy(), confidence) for e in family]
-        adjusted = holm([i.p for i in intervals])
-        for endpoint, interval, p_holm in zip(family, intervals, adjusted):
-            direction = np.sign(interval.mean) * endpoint["sign"]
-            if interval.n < 2 or not math.isfinite(p_holm):
-                outcome = NOT_TESTABLE
-            elif p_holm < alpha:
-                outcome = SUPPORTS if direction > 0 else CONTRADICTS
-            else:
-                outcome = UNDECIDED
+        gains = [e.pop("gains").to_numpy() for e in family]
+        shifts = [e.pop("shift") for e in family]
+        intervals = [paired_interval(g, confidence) for g in gains]  # the gains themselves, not shifted
+        # A margin moves the null hypothesis, not the estimate: both tests read the gains beyond it.
+        p = [paired_interval(g - shift, confidence).p for g, shift in zip(gains, shifts)]
+        # The same family as the t-test's: an endpoint without two pairs has no p
+        p_flip = [sign_flip_p(g - shift) if len(g) > 1 else math.nan for g, shift in zip(gains, shifts)]
+        tests = zip(family, intervals, shifts, p, holm(p), p_flip, holm(p_flip))
+        for endpoint, interval, shift, p_t, p_holm, p_sf, p_sf_holm in tests:
+            beyond = np.sign(interval.mean - shift) * endpoint["sign"]
             rows.append(
                 {
                     **endpoint,
@@ -136,20 +177,32 @@ def judge(frame: pd.DataFrame, rules: dict[str, Any]) -> pd.DataFrame:
                     "low": interval.low,
                     "high": interval.high,
                     "n": interval.n,
-                    "p": interval.p,
+                    "p": p_t,
                     "p_holm": p_holm,
-                    "outcome": outcome,
+                    "outcome": _outcome(interval.n, p_holm, alpha, beyond),
                     "detectable": detectable_effect(interval.sd, interval.n, alpha=alpha, power=power),
+                    "p_signflip": p_sf,
+                    "p_signflip_holm": p_sf_holm,
+                    "outcome_signflip": _outcome(interval.n, p_sf_holm, alpha, beyond),
                 }
             )
     return pd.DataFrame.from_records(rows)
 
 
-def verdicts(judgement: pd.DataFrame, rules: dict[str, Any]) -> pd.DataFrame:
-    """One row per claim: id, text, verdict."""
+def sensitivity(judgement: pd.DataFrame) -> pd.DataFrame:
+    """The endpoints whose outcome the sign-flip test judges otherwise than the t-test (which
+    decides the verdicts): for the report to name. Empty where the two agree everywhere."""
+    differ = judgement[judgement["outcome"] != judgement["outcome_signflip"]]
+    columns = ["claim", "endpoint", "n", "p_holm", "outcome", "p_signflip_holm", "outcome_signflip"]
+    return differ[columns].reset_index(drop=True)
+
+
+def verdicts(judgement: pd.DataFrame, rules: dict[str, Any], *, outcome: str = "outcome") -> pd.DataFrame:
+    """One row per claim: id, text, verdict; from the endpoints' `outcome` column (the stated
+    test's; `outcome_signflip`: what the sensitivity analysis would conclude)."""
     rows = []
     for claim in rules["claims"]:
-        outcomes = set(judgement.loc[judgement.claim == claim["id"], "outcome"])
+        outcomes = set(judgement.loc[judgement.claim == claim["id"], outcome])
         verdict = (
             NOT_TESTED
             if outcomes <= {NOT_TESTABLE}

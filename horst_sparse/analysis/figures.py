@@ -1,5 +1,6 @@
 """The figures, readable at a glance: every seed shown (arms side by side, each with its own
-marker, so equal values do not hide each other), the mean as a line; sparsity on a log axis of
+marker, so equal values do not hide each other), the mean as a line with its t-interval over the
+seeds as bars, a weight histogram as the seeds' mean and range; sparsity on a log axis of
 density (1 - sparsity), so 98, 99 and 99.5 % sit as far apart as 50, 75 and 87.5 %; titles say
 what ran; no text on text (legends below the axes, constrained layout)."""
 
@@ -7,12 +8,14 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from horst_sparse.analysis.claims import pct
 from horst_sparse.analysis.runs import weight_histogram
+from horst_sparse.analysis.stats import paired_interval
 from horst_sparse.analysis.tables import arm_color, order
 
 MARKERS = "osD^vP*Xh"
@@ -60,10 +63,28 @@ def _plain_log_axis(ax, values: pd.Series) -> None:
     ax.set_ylim(low, high)
 
 
+def _interval_words(counts: pd.Series, confidence: float) -> str:
+    """What the bars are, with the seed count of the figure's cells (`counts`: seeds per cell)."""
+    if counts.empty or counts.max() == 1:
+        return "one seed per cell: its value, no interval"
+    low, high = int(counts.min()), int(counts.max())
+    seeds = f"{high}" if low == high else f"{low}-{high}"
+    return f"points: seeds; lines: their mean; bars: its {100 * confidence:g}\u00a0% t-interval over {seeds} seeds"
+
+
 def metric_figure(
-    frame: pd.DataFrame, path: Path, *, metric: str, ylabel: str, title: str, log_y: bool = False
+    frame: pd.DataFrame,
+    path: Path,
+    *,
+    metric: str,
+    ylabel: str,
+    title: str,
+    log_y: bool = False,
+    confidence: float = 0.95,
 ) -> None:
-    """One panel per (data, model); per arm its seeds as points and its mean as a line."""
+    """One panel per (data, model); per arm its seeds as points, its mean as a line and the mean's
+    t-interval over the seeds as bars (none for one seed). Runs that diverged are left out of the
+    mean, as in the tables."""
     plt = _pyplot()
     rows = order(frame[frame.metric == metric])
     panels = list(rows.groupby(["data", "model"], sort=False))
@@ -71,6 +92,7 @@ def metric_figure(
     arms = list(dict.fromkeys(rows["arm"]))
     for ax, ((data, model), panel) in zip(axes[0], panels):
         sparsities = sorted(panel["sparsity"].unique())
+        bounds = []
         for i, (arm, runs) in enumerate(panel.groupby("arm", sort=False)):
             k = arms.index(arm)
             offset = 1.06 ** (i - (panel["arm"].nunique() - 1) / 2)  # side by side on the log axis
@@ -84,44 +106,75 @@ def metric_figure(
                 color=arm_color(arm, arms),
                 linewidths=0,
             )
-            means = runs.groupby("sparsity")["value"].mean()
+            cells = [
+                (s, paired_interval(v[np.isfinite(v)].to_numpy(), confidence))
+                for s, v in runs.groupby("sparsity")["value"]
+            ]
+            x = np.array([1 - s for s, _ in cells]) * offset
+            means, low, high = (np.array([getattr(c, f) for _, c in cells]) for f in ("mean", "low", "high"))
+            bounds += [*low, *high]
             seeds = runs["seed"].nunique()
-            ax.plot(
-                (1 - means.index) * offset,
-                means.to_numpy(),
-                "-",
+            style = dict(
                 marker=MARKERS[k % len(MARKERS)],
                 ms=5,
                 color=arm_color(arm, arms),
-                label=f"{arm} (mean of {seeds} seed{'s' if seeds > 1 else ''})",
+                label=f"{arm} (mean of {seeds} seeds)" if seeds > 1 else f"{arm} (1 seed)",
             )
+            if np.isfinite(low).any():
+                ax.errorbar(x, means, yerr=[means - low, high - means], capsize=3, elinewidth=1, **style)
+            else:  # one seed per cell: no interval to draw
+                ax.plot(x, means, "-", **style)
         _density_axis(ax, sparsities)
         if log_y:
-            _plain_log_axis(ax, panel["value"])
+            reach = pd.Series(bounds, dtype=float)
+            _plain_log_axis(ax, pd.concat([panel["value"], reach[reach > 0]]))  # the bars inside the axis
         ax.set_ylabel(ylabel)
         ax.set_title(f"{model} on {data}", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=2, frameon=False)
-    arms_text = textwrap.fill(f"arms: {', '.join(arms)}; points: seeds, lines: their mean", 70 * len(panels))
-    fig.suptitle(f"{title}\n{arms_text}", fontsize=10)
+    counts = rows[np.isfinite(rows["value"])].groupby(["data", "model", "arm", "sparsity"])["seed"].nunique()
+    shown = [f"arms: {', '.join(arms)}", _interval_words(counts, confidence)]
+    fig.suptitle("\n".join([title, *(textwrap.fill(line, 80 * len(panels)) for line in shown)]), fontsize=10)
     fig.savefig(path, dpi=130)
     plt.close(fig)
+
+
+def _density_on(grid: np.ndarray, counts: list[float], edges: list[float]) -> np.ndarray:
+    """A histogram's density on other edges: every seed's histogram spans its own range (its
+    weights' smallest to largest), so seeds are averaged on one grid; a bin's mass spread evenly."""
+    counts = np.asarray(counts, dtype=float)
+    cumulative = np.concatenate([[0.0], np.cumsum(counts)]) / counts.sum()
+    return np.diff(np.interp(grid, np.asarray(edges, dtype=float), cumulative)) / np.diff(grid)
+
+
+def _seed_words(arms: list[list[tuple[Any, tuple]]]) -> str:
+    """What the lines and bands are (`arms`: each arm's drawn runs): `seed 0 only` where each arm
+    has one, else `10 seeds: mean and range (...)`."""
+    counts = {len(runs) for runs in arms}
+    if counts == {1}:
+        seeds = sorted({row.seed for runs in arms for row, _ in runs})
+        return f"seed {', '.join(f'{s:g}' for s in seeds)} only"
+    seeds = f"{counts.pop()} seeds" if len(counts) == 1 else "each arm's seeds (legend: how many)"
+    return f"{seeds}: mean and range (line: the seeds' mean density; band: their min to max per bin)"
 
 
 def weight_figure(
     frame: pd.DataFrame, folders: dict[str, Path], path: Path, saved: dict[str, dict] | None = None, caveat: str = ""
 ) -> tuple[list[str], dict[str, dict]]:
-    """log10|w| densities of the prunable weights, per arm, one panel per pipeline: the first
-    seed's run (ViT: at the highest sparsity), its histogram from its run folder, else from
-    `saved` (run -> signature, from, counts, edges: what an earlier figure drew; a study resumed
-    from its record has no folders). Returns notes and the histograms drawn, in `saved`'s form."""
+    """log10|w| densities of the prunable weights, per arm, one panel per pipeline: every seed's run
+    (ViT: at the arm's highest sparsity) as the mean density over the seeds and its min-max band;
+    each histogram from its run folder, else from `saved` (run -> signature, from, counts, edges:
+    what an earlier figure drew; a study resumed from its record has no folders). Returns notes and
+    the histograms drawn, in `saved`'s form."""
     saved = saved or {}
-    runs = order(frame.drop_duplicates("run")).sort_values(["sparsity", "seed"], ascending=[False, True], kind="stable")
-    chosen = runs.groupby(["pipeline", "arm"], sort=False).head(1)
-    drawn: dict[str, list[tuple[str, pd.Series, tuple]]] = {}
+    runs = frame.sort_values(["sparsity", "seed"], ascending=[False, True], kind="stable").drop_duplicates("run")
+    chosen = order(runs[runs["sparsity"] == runs.groupby(["pipeline", "arm"])["sparsity"].transform("max")])
+    # The seeds of one setting per arm (a sweep's table holds several): its first, as the tables order them
+    chosen = chosen[chosen["signature"] == chosen.groupby(["pipeline", "arm"])["signature"].transform("first")]
+    drawn: dict[str, dict[str, list[tuple[Any, tuple]]]] = {}
+    missing: dict[tuple[str, str], list[Any]] = {}
     used: dict[str, dict] = {}
-    notes = []
-    for row in order(chosen).itertuples():
+    for row in chosen.itertuples():
         histogram = weight_histogram(folders[row.run]) if row.run in folders else None
         if histogram is not None:
             used[row.run] = {
@@ -134,23 +187,36 @@ def weight_figure(
             used[row.run] = saved[row.run]
             histogram = (used[row.run]["counts"], used[row.run]["edges"], f"{used[row.run]['from']}, as drawn before")
         else:
-            notes.append(
-                f"{row.run}: no weight histogram (weight_histogram.json or metrics.jsonl); not in the weight figure"
-            )
+            missing.setdefault((row.pipeline, row.arm), []).append(row)
             continue
-        drawn.setdefault(row.pipeline, []).append((row.arm, row, histogram))
+        drawn.setdefault(row.pipeline, {}).setdefault(row.arm, []).append((row, histogram))
+    notes = [
+        f"{pipeline} {arm}: no weight histogram (weight_histogram.json or metrics.jsonl) for seed "
+        f"{', '.join(f'{r.seed:g}' for r in rows)} ({rows[0].run}{', ...' if len(rows) > 1 else ''}); "
+        "not in the weight figure"
+        for (pipeline, arm), rows in missing.items()
+    ]
     if not drawn:
         return notes + ["weight figure not drawn: no run folder with a weight histogram"], used
-    all_arms = list(dict.fromkeys(a for items in drawn.values() for a, _, _ in items))
+    all_arms = list(dict.fromkeys(a for items in drawn.values() for a in items))
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(drawn), figsize=(6 * len(drawn), 4.4), squeeze=False, layout="constrained")
     for ax, (pipeline, items) in zip(axes[0], drawn.items()):
-        for arm, row, (counts, edges, where) in items:
-            counts, edges = np.asarray(counts, dtype=float), np.asarray(edges, dtype=float)
-            density = counts / (counts.sum() * np.diff(edges))
-            ax.stairs(density, edges, label=arm, linewidth=1.5, color=arm_color(arm, all_arms))
-            notes.append(f"{pipeline} {arm}: {row.run} ({where})")
-        row = items[0][1]
+        histograms = [h for runs in items.values() for _, h in runs]
+        bins = max(len(counts) for counts, _, _ in histograms)
+        grid = np.linspace(min(e[0] for _, e, _ in histograms), max(e[-1] for _, e, _ in histograms), bins + 1)
+        for arm, runs in items.items():
+            densities = np.array([_density_on(grid, counts, edges) for _, (counts, edges, _) in runs])
+            color = arm_color(arm, all_arms)
+            if len(runs) > 1:
+                ax.stairs(densities.max(0), grid, baseline=densities.min(0), fill=True, alpha=0.2, color=color)
+            seeds = f"{len(runs)} seeds" if len(runs) > 1 else f"seed {runs[0][0].seed:g}"
+            ax.stairs(densities.mean(0), grid, label=f"{arm} ({seeds})", linewidth=1.5, color=color)
+            wheres = "; ".join(dict.fromkeys(where for _, (_, _, where) in runs))
+            notes.append(
+                f"{pipeline} {arm}: {runs[0][0].run}{' and the other seeds' if len(runs) > 1 else ''} ({wheres})"
+            )
+        row = next(iter(items.values()))[0][0]
         # AC/DC runs: the last dense (decompressed) epoch's weights; one-shot pruning: the trained model's
         when = f"AC/DC at {pct(row.sparsity)}, last dense epoch" if row.method == "acdc" else "after training"
         ax.set_title(f"{row.model} on {row.data}\n{when}", fontsize=9)
@@ -158,10 +224,9 @@ def weight_figure(
         ax.set_ylabel("density")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=3, frameon=False)
-    arms = list(dict.fromkeys(a for items in drawn.values() for a, _, _ in items))
-    seeds = sorted({row.seed for items in drawn.values() for _, row, _ in items})
-    title = f"Weight magnitudes of {', '.join(arms)} (seed {', '.join(f'{s:g}' for s in seeds)} only){caveat}"
-    fig.suptitle(textwrap.fill(title, 70 * len(drawn)), fontsize=10)
+    seeds = _seed_words([runs for items in drawn.values() for runs in items.values()])
+    title = [f"Weight magnitudes of {', '.join(all_arms)}{caveat}", seeds]
+    fig.suptitle("\n".join(textwrap.fill(line, 80 * len(drawn)) for line in title), fontsize=10)
     fig.savefig(path, dpi=130)
     plt.close(fig)
     return notes, used

@@ -159,9 +159,10 @@ def claims_markdown(judgement: pd.DataFrame, verdicts: pd.DataFrame, rules: dict
     lines = [
         "## The paper's claims at this scale",
         "",
-        f"Judged on the runs of the {split} split by the rules of horst_sparse/analysis/claims.yaml (paired t-tests over "
-        f"seeds, Holm's correction over each claim's endpoints at level {1 - rules['confidence']:g}). Small "
-        "models on small data: a claim not reproduced here says what happens at this scale.",
+        f"Judged on the runs of the {split} split by the rules of {rules_source(rules)} (paired t-tests over "
+        f"seeds, Holm's correction over each claim's endpoints at level {1 - rules['confidence']:g}; an endpoint "
+        "with a margin is tested against the margin). Small models on small data: a claim not reproduced here "
+        "says what happens at this scale.",
         "",
     ]
     for claim in verdicts.itertuples():
@@ -174,6 +175,7 @@ def claims_markdown(judgement: pd.DataFrame, verdicts: pd.DataFrame, rules: dict
                 f"   - {row.endpoint}: {tables.estimate_text(row)} {row.unit}, n={row.n}, "
                 f"Holm p {tables.p_text(row.p_holm)}: {row.outcome}"
             )
+    lines += sensitivity_markdown(judgement, verdicts, rules)
     power = judgement[judgement["n"] > 1]
     lines += [
         "",
@@ -206,12 +208,55 @@ def claims_markdown(judgement: pd.DataFrame, verdicts: pd.DataFrame, rules: dict
     return "\n".join(lines) + "\n"
 
 
-def headline_markdown(judgement: pd.DataFrame, verdicts: pd.DataFrame, split: str, source: str) -> str:
+def rules_source(rules: dict[str, Any]) -> str:
+    """Where the rules were read from (a study's protocol names its own file)."""
+    return rules.get("source", "horst_sparse/analysis/claims.yaml")
+
+
+def sensitivity_markdown(judgement: pd.DataFrame, verdicts: pd.DataFrame, rules: dict[str, Any]) -> list[str]:
+    """The stated sensitivity analysis: the endpoints whose outcome the sign-flip test would change."""
+    differ = claims.sensitivity(judgement)
+    lines = [
+        "",
+        "### Sensitivity analysis: the sign-flip permutation test",
+        "",
+        "Every endpoint also by the sign-flip permutation test of the same per-seed differences (no normality "
+        f"assumed; Holm over the same families). It decides no verdict ({rules_source(rules)}).",
+        "",
+    ]
+    if differ.empty:
+        return lines + ["Its outcome agrees with the t-test's at every endpoint."]
+    shown = pd.DataFrame(
+        {
+            "claim": differ["claim"],
+            "endpoint": differ["endpoint"],
+            "n pairs": differ["n"],
+            "t-test: Holm p": differ["p_holm"].map(tables.p_text),
+            "outcome": differ["outcome"],
+            "sign-flip: Holm p": differ["p_signflip_holm"].map(tables.p_text),
+            "its outcome": differ["outcome_signflip"],
+        }
+    )
+    lines.append(tables.markdown(shown, right=5))
+    other = claims.verdicts(judgement, rules, outcome="outcome_signflip").set_index("claim")["verdict"]
+    return lines + [
+        "",
+        *(
+            f"By the sign-flip test claim {v.claim} would be {other[v.claim]} (stated: {v.verdict})."
+            for v in verdicts.itertuples()
+            if other[v.claim] != v.verdict
+        ),
+    ]
+
+
+def headline_markdown(
+    judgement: pd.DataFrame, verdicts: pd.DataFrame, split: str, source: str, rules: dict[str, Any] | None = None
+) -> str:
     """The README's headline block: each claim's verdict and its deciding numbers."""
     lines = [
         HEADLINE_START,
         "",
-        f"Judged on the {split} split ({source}; rules: horst_sparse/analysis/claims.yaml):",
+        f"Judged on the {split} split ({source}; rules: {rules_source(rules or {})}):",
         "",
     ]
     for claim in verdicts.itertuples():
@@ -283,7 +328,7 @@ def write_report(
     )
     claims_md = claims_markdown(judgement, verdicts, rules, split)
     (out / "claims.md").write_text(claims_md)
-    headline = headline_markdown(judgement, verdicts, split, source or str(out))
+    headline = headline_markdown(judgement, verdicts, split, source or str(out), rules)
     (out / "headline.md").write_text(headline)
     caveat = "; one seed: an illustration, not evidence" if frame.seed.nunique() == 1 else ""
     if (frame.metric == "top1").any():
@@ -292,6 +337,7 @@ def write_report(
             out / "accuracy_vs_sparsity.png",
             metric="top1",
             ylabel="top-1 accuracy (%)",
+            confidence=rules["confidence"],
             title=f"Top-1 of the final sparse models ({split} split{caveat})",
         )
     if (frame.metric == "ppl").any():
@@ -306,6 +352,7 @@ def write_report(
             metric="ppl",
             log_y=True,
             ylabel="perplexity (log scale)",
+            confidence=rules["confidence"],
             title=f"Perplexity after one-shot magnitude pruning ({split} split{caveat})",
         )
     notes, drawn = figures.weight_figure(frame, folders or {}, out / "weight_distribution.png", saved, caveat)

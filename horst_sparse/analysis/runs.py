@@ -61,6 +61,8 @@ RECORD_COLUMNS = [
 ]
 # summary.json's environment; empty in records from before it (and `cpu` was the architecture only)
 MACHINE_COLUMNS = ["host", "cpu", "cpu_capability", "cpu_threads", "gpu"]
+# a study's protocol version and the hash of its files (horst_sparse.study.protocol), where it has one
+PROTOCOL_COLUMNS = ["protocol", "protocol_hash"]
 
 
 class NoRunsError(RuntimeError):
@@ -299,19 +301,24 @@ def read_runs(dirs: Sequence[str | Path]) -> Found:
 
 def write_record(frame: pd.DataFrame, path: Path) -> None:
     """The study's record: the frame without its config columns, one line per run x number."""
-    columns = RECORD_COLUMNS + [c for c in MACHINE_COLUMNS if c in frame]
-    write_csv(
-        frame[columns].sort_values(
-            ["pipeline", "arm", "sparsity", "seed", "metric", "method", "pattern"], kind="stable"
-        ),
-        path,
-    )
+    versioned = [c for c in PROTOCOL_COLUMNS if c in frame]
+    columns = versioned + RECORD_COLUMNS + [c for c in MACHINE_COLUMNS if c in frame]
+    order = versioned[:1] + ["pipeline", "arm", "sparsity", "seed", "metric", "method", "pattern"]
+    frame = frame.assign(protocol=frame["protocol"].astype("Int64")) if versioned else frame
+    write_csv(frame[columns].sort_values(order, kind="stable"), path)
 
 
 def read_record(paths: Iterable[str | Path]) -> pd.DataFrame:
     """Record files (`write_record`) into one frame; a run in two of them counts once."""
-    frames = [pd.read_csv(p, keep_default_na=True, dtype={"git_commit": str, "signature": str}) for p in paths]
-    frame = pd.concat(frames, ignore_index=True).drop_duplicates(["run", "metric", "method", "pattern", "sparsity"])
+    frames = [
+        pd.read_csv(p, keep_default_na=True, dtype={"git_commit": str, "signature": str, "protocol_hash": str})
+        for p in paths
+    ]
+    frame = pd.concat(frames, ignore_index=True)
+    # a run id names one run of one protocol version: two versions may reuse a folder name
+    frame = frame.drop_duplicates(
+        [c for c in ("protocol", "run", "metric", "method", "pattern", "sparsity") if c in frame]
+    )
     missing = [c for c in RECORD_COLUMNS if c not in frame]
     if missing:
         raise NoRunsError(f"{', '.join(map(str, paths))}: not a study record (no column {', '.join(missing)})")

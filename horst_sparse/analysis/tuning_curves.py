@@ -8,6 +8,13 @@ arm) per arm: the median tuning curve (the median of the best score of k trials 
 arm's search distribution) with its simultaneous band at CONFIDENCE, from the band of the
 scores' CDF (opda's `ld_highest_density`), and the expected best of k trials (the average tuning
 curve of the empirical distribution). A failed trial scores the worst end of the support.
+
+A newer record has a `protocol` column (the study protocol's version) and a `stage` one:
+"search" for the N quasi-random trials at the search seed, "rerun" for the top-k of them rerun at
+more seeds (same `trial`, another `seed`). The curves are of the search stage alone (they describe the search
+distribution, one draw per trial); the pick is the best mean over its seeds among the top k by
+search score (`pick`), and `pick_stability` says how often a bootstrap over trials and seeds
+changes it. A record without these columns is one unnamed protocol, every row a search trial.
 """
 
 from __future__ import annotations
@@ -23,6 +30,20 @@ from horst_sparse.analysis import tables
 
 CONFIDENCE = 0.80
 BAND_SEED = 0  # opda's band construction draws samples: a fixed generator, the same band every time
+SEARCH, RERUN = "search", "rerun"
+DRAWS = 2000
+
+
+def stages(trials: pd.DataFrame) -> pd.Series:
+    """Each row's stage; a record without the column, or a row without a stage (an arm tuned
+    before the column), is a search trial."""
+    return trials["stage"].fillna(SEARCH) if "stage" in trials else pd.Series(SEARCH, index=trials.index)
+
+
+def _arms(trials: pd.DataFrame) -> list[str]:
+    """The record's arms in the fixed order of every table and figure (tables.ARM_ORDER)."""
+    present = set(trials.arm)
+    return [a for a in tables.ARM_ORDER if a in present] + sorted(present - set(tables.ARM_ORDER))
 
 
 def arm_curve(scores: np.ndarray, *, maximize: bool, support: tuple[float, float]) -> pd.DataFrame:
@@ -52,12 +73,16 @@ def arm_curve(scores: np.ndarray, *, maximize: bool, support: tuple[float, float
 def curves(
     trials: pd.DataFrame, *, maximize: bool, support: tuple[float, float] = (-math.inf, math.inf)
 ) -> pd.DataFrame:
-    """Every arm's curve (arm, k, median, low, high, expected), from a tuning record's rows."""
+    """Every arm's curve (arm, k, median, low, high, expected), from a tuning record's search
+    stage (its reruns are more seeds of the top trials, not more draws from the search)."""
+    search = trials[stages(trials) == SEARCH]
     parts = [
-        arm_curve(group.sort_values("trial")["score"].to_numpy(dtype=float), maximize=maximize, support=support).assign(
-            arm=arm
-        )
-        for arm, group in trials.groupby("arm", sort=False)
+        arm_curve(
+            search[search.arm == arm].sort_values("trial")["score"].to_numpy(dtype=float),
+            maximize=maximize,
+            support=support,
+        ).assign(arm=arm)
+        for arm in _arms(search)
     ]
     return pd.concat(parts, ignore_index=True)[["arm", "k", "median", "low", "high", "expected"]]
 
@@ -97,7 +122,7 @@ def markdown(curve: pd.DataFrame, *, title: str, maximize: bool, decimals: int =
             ]
         }
     )
-    wide = shown.pivot(index="k", columns="arm", values="median [band]").reset_index()
+    wide = shown.pivot(index="k", columns="arm", values="median [band]")[_arms(curve)].reset_index()
     lines = [
         f"## {title}",
         "",
@@ -110,29 +135,214 @@ def markdown(curve: pd.DataFrame, *, title: str, maximize: bool, decimals: int =
 
 
 def figure(curve: pd.DataFrame, path: Path, *, title: str, ylabel: str, log_y: bool = False) -> None:
-    """One panel: each arm's median curve, its band shaded; one colour per arm (tables.order)."""
+    """One panel: each arm's median curve, its band shaded and edged (the arms' bands overlap: the
+    edges keep each one legible); one colour per arm (tables.arm_color)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4.4), layout="constrained")
-    arms = [a for a in tables.ARM_ORDER if a in set(curve.arm)] + sorted(set(curve.arm) - set(tables.ARM_ORDER))
+    arms = _arms(curve)
     for arm in arms:
         part = curve[curve.arm == arm]
         color = tables.arm_color(arm, arms)
         finite = part[np.isfinite(part.low) & np.isfinite(part.high)]
-        ax.fill_between(finite.k, finite.low, finite.high, color=color, alpha=0.15, linewidth=0)
-        ax.plot(part.k, part["median"], "-o", ms=3, color=color, label=f"{arm} (median; band {100 * CONFIDENCE:g} %)")
+        ax.fill_between(finite.k, finite.low, finite.high, color=color, alpha=0.10, linewidth=0)
+        for edge in ("low", "high"):
+            ax.plot(finite.k, finite[edge], "--", lw=0.8, color=color, alpha=0.7)
+        ax.plot(part.k, part["median"], "-o", ms=3, color=color, label=arm)
     ax.set_xlabel("trials of the arm's search (k)")
     ax.set_ylabel("\n".join(textwrap.wrap(ylabel, 40)), fontsize=9)
     if log_y:
         ax.set_yscale("log")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best", frameon=False)
+    ax.legend(
+        fontsize=7, title=f"median best of k; {100 * CONFIDENCE:g} % band", title_fontsize=7, loc="best", frameon=False
+    )
     ax.set_title(title, fontsize=9)
     fig.savefig(path, dpi=130)
     plt.close(fig)
+
+
+def by_protocol(trials: pd.DataFrame) -> list[tuple[int | None, pd.DataFrame]]:
+    """The record's rows per protocol version, oldest first; rows without a version (an older
+    record, or arms tuned before the column) are one unnamed protocol, None."""
+    if "protocol" not in trials:
+        return [(None, trials)]
+    unnamed = trials.protocol.isna()
+    named = [(int(v), part) for v, part in trials[~unnamed].groupby("protocol")]
+    return ([(None, trials[unnamed])] if unnamed.any() else []) + named
+
+
+def rerun_trials(trials: pd.DataFrame) -> int:
+    """The k of the record: the most trials any arm reran (0 without reruns)."""
+    reruns = trials[stages(trials) == RERUN]
+    return int(reruns.groupby("arm").trial.nunique().max()) if len(reruns) else 0
+
+
+def _goodness(scores: pd.Series, *, maximize: bool) -> np.ndarray:
+    """Scores as higher-is-better numbers; a failed trial (inf, -inf, NaN) the worst, -inf."""
+    values = scores.to_numpy(dtype=float) * (1 if maximize else -1)
+    return np.where(np.isfinite(values), values, -math.inf)
+
+
+def _seeds(rows: pd.DataFrame, *, maximize: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One arm's trials in trial order: their numbers, search scores, every seed's score (a row
+    per trial, padded with 0 past its count) and seed counts, all as goodness (`_goodness`)."""
+    if "arm" in rows and rows.arm.nunique() > 1:
+        raise ValueError(f"the rows of one arm, not of {', '.join(map(str, rows.arm.unique()))}")
+    search = rows[stages(rows) == SEARCH].sort_values("trial", kind="stable")
+    if search.trial.duplicated().any() or not set(rows.trial) <= set(search.trial):
+        raise ValueError("every trial needs exactly one search row (its reruns: stage 'rerun')")
+    ids = search.trial.to_numpy(dtype=int)
+    per_trial = [_goodness(rows.score[rows.trial == t], maximize=maximize) for t in ids]
+    counts = np.array([len(g) for g in per_trial])
+    padded = np.zeros((len(ids), counts.max()))
+    for i, g in enumerate(per_trial):
+        padded[i, : len(g)] = g
+    return ids, _goodness(search.score, maximize=maximize), padded, counts
+
+
+def _rule(ids: np.ndarray, search: np.ndarray, mean: np.ndarray, top_k: int) -> np.ndarray:
+    """The pick rule on each row of (draws x trials) arrays whose columns are in trial order:
+    among the top k by search score, the best mean; the earlier trial on a tie at either step.
+    k = 0 (no reruns) is the best search score, the same as k = 1."""
+    k = min(max(top_k, 1), ids.shape[1])
+    top = np.argsort(-search, axis=1, kind="stable")[:, :k]
+    candidates, means = np.take_along_axis(ids, top, axis=1), np.take_along_axis(mean, top, axis=1)
+    best = np.lexsort((candidates, -means), axis=-1)[:, 0]
+    return candidates[np.arange(len(ids)), best]
+
+
+def pick(rows: pd.DataFrame, *, maximize: bool, top_k: int) -> int:
+    """The picked trial of one arm's rows (search and rerun): among the top_k trials by their
+    search score, the best mean over its seeds; the earlier trial on a tie. A failed score (not
+    finite) is the worst. With no reruns (top_k 0 or an older record), the best search score."""
+    ids, search, seeds, counts = _seeds(rows, maximize=maximize)
+    return int(_rule(ids[None], search[None], (seeds.sum(axis=1) / counts)[None], top_k)[0])
+
+
+def _bootstrap(
+    rows: pd.DataFrame, *, maximize: bool, top_k: int, draws: int, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each bootstrap draw of one arm (see `pick_stability`): its picked trial and its trials."""
+    ids, search, seeds, counts = _seeds(rows, maximize=maximize)
+    rng = np.random.default_rng(seed)
+    drawn = np.sort(rng.integers(len(ids), size=(draws, len(ids))), axis=1)  # sorted: columns in trial order
+    n = counts[drawn]
+    at = rng.integers(n[..., None], size=(*drawn.shape, seeds.shape[1]))  # each copy's seeds, with replacement
+    kept = np.arange(seeds.shape[1]) < n[..., None]
+    mean = np.where(kept, seeds[drawn[..., None], at], 0.0).sum(axis=2) / n
+    return _rule(ids[drawn], search[drawn], mean, top_k), ids[drawn]
+
+
+def pick_stability(
+    rows: pd.DataFrame, *, maximize: bool, top_k: int, draws: int = DRAWS, seed: int = 0
+) -> pd.DataFrame:
+    """How often a bootstrap over trials and seeds changes each arm's pick.
+
+    A draw resamples the arm's N search trials with replacement (each copy is a trial of its own,
+    so a trial drawn twice may fill two of the top k) and, for every copy of a trial with reruns,
+    its seed scores with replacement, as many as it has (a trial with one seed keeps it). The rule
+    of `pick` then runs on the draw: the top k copies by their search score (a trial's search
+    score is not resampled: drawing the trials is the search stage's variation), then the best
+    mean of the copy's resampled seed scores (the single score of a trial without reruns). A draw
+    that picks another trial, or holds no copy of the pick at all (expected share (1 - 1/N)^N,
+    36 % at N = 16), changed it. Every arm's generator starts from `seed`: its numbers do not
+    depend on the record's other arms.
+
+    One row per arm (tables.ARM_ORDER): trials (N), top_k, seeds (of each rerun trial, the
+    search seed included; the fewest if they differ; 1 without reruns), pick, pick_score (its
+    mean over its seeds), draws, changed and absent (shares of draws: the pick changed; the pick
+    not drawn), runner_up (the trial most often picked instead; the earlier on a tie; empty if
+    none) and runner_up_share (of all draws)."""
+    table = []
+    for arm in _arms(rows):
+        part = rows[rows.arm == arm]
+        ids, _, seeds, counts = _seeds(part, maximize=maximize)
+        chosen = pick(part, maximize=maximize, top_k=top_k)
+        picked, drawn = _bootstrap(part, maximize=maximize, top_k=top_k, draws=draws, seed=seed)
+        other, times = np.unique(picked[picked != chosen], return_counts=True)
+        at = int(np.flatnonzero(ids == chosen)[0])
+        score = seeds[at, : counts[at]].mean() * (1 if maximize else -1)
+        table.append(
+            {
+                "arm": arm,
+                "trials": len(ids),
+                "top_k": top_k,
+                "seeds": int(counts[counts > 1].min()) if (counts > 1).any() else 1,
+                "pick": chosen,
+                "pick_score": score,
+                "draws": draws,
+                "changed": float(np.mean(picked != chosen)),
+                "absent": float(np.mean(~(drawn == chosen).any(axis=1))),
+                "runner_up": int(other[times.argmax()]) if len(other) else pd.NA,
+                "runner_up_share": times.max() / draws if len(other) else 0.0,
+            }
+        )
+    return pd.DataFrame(table).astype({"runner_up": "Int64"})
+
+
+def _percent(share: float) -> str:
+    return f"{100 * share:.0f} %"
+
+
+def _protocol(version: int | None) -> str:
+    return "" if version is None else f", protocol v{version}"
+
+
+def recorded_picks(trials: pd.DataFrame) -> dict[str, int]:
+    """The trial each arm's `pick` column marks (the record's own pick)."""
+    marked = trials[trials["pick"].astype(str) == "True"] if "pick" in trials else trials.iloc[:0]
+    return {str(arm): int(trial) for arm, trial in marked.groupby("arm").trial.first().items()}
+
+
+def stability_markdown(table: pd.DataFrame, *, title: str, maximize: bool, recorded: dict[str, int]) -> str:
+    """A section of pick_stability.md: the rule, one sentence per arm, the table. An arm whose
+    record marks another trial than the rule's pick says so: the record and this reading disagree."""
+    k = int(table.top_k.iloc[0])
+    rule = (
+        f"among the top {k} trials by search score, the one with the best mean over its seeds"
+        if k
+        else "the trial with the best search score (no reruns)"
+    )
+    resampled = "an arm's search trials and each rerun trial's seeds" if k else "an arm's search trials"
+    lines = [
+        f"## {title}",
+        "",
+        f"The pick is {rule}; {'higher' if maximize else 'lower'} is better, and the earlier trial wins a tie. "
+        f"Each of {table.draws.iloc[0]} bootstrap draws resamples {resampled} with replacement and applies the "
+        "same rule (`pick_stability`); a draw without the pick changed it.",
+        "",
+    ]
+    for r in table.itertuples():
+        sentence = (
+            f"- {r.arm}'s pick (trial {r.pick}) changes in {_percent(r.changed)} of {r.draws} bootstrap draws; "
+            f"{_percent(r.absent)} of the draws hold no copy of it ((1 - 1/N)^N = "
+            f"{_percent((1 - 1 / r.trials) ** r.trials)} expected)"
+        )
+        if not pd.isna(r.runner_up):
+            sentence += f"; trial {r.runner_up} is picked most often instead ({_percent(r.runner_up_share)})"
+        if recorded.get(r.arm, r.pick) != r.pick:
+            sentence += f". The record's pick column marks trial {recorded[r.arm]}, not this rule's pick"
+        lines.append(sentence + ".")
+    shown = pd.DataFrame(
+        {
+            "arm": table.arm,
+            "trials": table.trials,
+            "top k": table.top_k,
+            "seeds": table.seeds,
+            "pick": table.pick,
+            "pick score": [_bound(v, 3) for v in table.pick_score],
+            "changed": table.changed.map(_percent),
+            "absent": table.absent.map(_percent),
+            "runner-up": [
+                "–" if pd.isna(t) else f"{t} ({_percent(s)})" for t, s in zip(table.runner_up, table.runner_up_share)
+            ],
+        }
+    )
+    return "\n".join([*lines, "", tables.markdown(shown)])
 
 
 def _opda_version() -> str:
@@ -141,14 +351,46 @@ def _opda_version() -> str:
     return importlib.metadata.version("opda")
 
 
+def write_curves(
+    trials: pd.DataFrame,
+    out: Path,
+    *,
+    version: int | None,
+    top_k: int,
+    title: str,
+    written_by: str,
+    maximize: bool,
+    support: tuple[float, float],
+    log_y: bool,
+) -> str:
+    """One protocol's curves of the search stage: tuning_curves.md, .csv and .png (with
+    _v<version> for a versioned protocol); returns the markdown. top_k: the trials each arm reran."""
+    stem = "tuning_curves" if version is None else f"tuning_curves_v{version}"
+    curve = curves(trials, maximize=maximize, support=support)
+    scope = (
+        f" The curves are of the search stage alone (each arm's trials at its search seed); the reruns of "
+        f"the top {top_k} are in pick_stability.md."
+        if top_k
+        else ""
+    )
+    text = f"{written_by} (opda {_opda_version()}).{scope}\n\n" + markdown(curve, title=title, maximize=maximize)
+    (out / f"{stem}.md").write_text(text)
+    tables.write_csv(curve, out / f"{stem}.csv")
+    figure(curve, out / f"{stem}.png", title=title, ylabel=str(trials.metric.iloc[0]), log_y=log_y)
+    return text
+
+
 def main(argv: list[str] | None = None) -> None:
-    """`horst-tuning-curves`: the tuning curves of a tuning record, as a table and a figure.
+    """`horst-tuning-curves`: the tuning curves of a tuning record, and how stable its picks are.
 
         horst-tuning-curves results/tuning/vit/mnist1d/tuning.csv --maximize --support 0 1
         horst-tuning-curves results/tuning/gpt2/pydoc/tuning.csv --support 1 inf --log
 
-    Writes tuning_curves.md (also printed), tuning_curves.csv and tuning_curves.png beside the
-    record (or into --out)."""
+    Writes, beside the record (or into --out), per protocol version of the record:
+    tuning_curves_v<version>.md, .csv and .png (a record without a protocol column:
+    tuning_curves.md, .csv, .png), the curves of the search stage; and pick_stability.md and .csv,
+    one section (a `protocol` column) per version: how often a bootstrap over trials and seeds
+    changes each arm's pick. The markdown is also printed."""
     import argparse
     import sys
 
@@ -163,6 +405,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--support", nargs=2, type=float, default=(-math.inf, math.inf), metavar=("LOW", "HIGH"),
                         help="the scores' possible range (top-1: 0 1; perplexity: 1 inf); a failed trial scores its worst end")  # fmt: skip
     parser.add_argument("--log", action="store_true", help="a log-scale score axis (perplexity)")
+    parser.add_argument("--draws", type=int, default=DRAWS, help=f"bootstrap draws of the pick (default {DRAWS})")
     parser.add_argument("--out", type=Path, help="the folder to write (default: the record's)")
     args = parser.parse_args(argv)
     if not args.record.is_file():
@@ -170,13 +413,39 @@ def main(argv: list[str] | None = None) -> None:
     trials = pd.read_csv(args.record)
     out = args.out or args.record.parent
     out.mkdir(parents=True, exist_ok=True)
-    curve = curves(trials, maximize=args.maximize, support=tuple(args.support))
-    title = f"Tuning curves of {', '.join(trials.arm.unique())} ({args.record})"
     command = " ".join(["horst-tuning-curves", *(argv if argv is not None else sys.argv[1:])])
-    text = f"Written by `{command}` from the record (opda {_opda_version()}).\n\n" + markdown(
-        curve, title=title, maximize=args.maximize
-    )
-    (out / "tuning_curves.md").write_text(text)
-    tables.write_csv(curve, out / "tuning_curves.csv")
-    figure(curve, out / "tuning_curves.png", title=title, ylabel=str(trials.metric.iloc[0]), log_y=args.log)
-    print(text)
+    written_by = f"Written by `{command}` from the record"
+    texts, sections, stability = [], [], []
+    for version, part in by_protocol(trials):
+        arms = ", ".join(_arms(part))
+        top_k = rerun_trials(part)
+        title = f"Tuning curves of {arms}{_protocol(version)}{', search stage' if top_k else ''} ({args.record})"
+        texts.append(
+            write_curves(
+                part,
+                out,
+                version=version,
+                top_k=top_k,
+                title=title,
+                written_by=written_by,
+                maximize=args.maximize,
+                support=tuple(args.support),
+                log_y=args.log,
+            )
+        )
+        table = pick_stability(part, maximize=args.maximize, top_k=top_k, draws=args.draws)
+        sections.append(
+            stability_markdown(
+                table,
+                title=f"Pick stability of {arms}{_protocol(version)} ({args.record})",
+                maximize=args.maximize,
+                recorded=recorded_picks(part),
+            )
+        )
+        stability.append(
+            table.assign(protocol=version)[["protocol", *table.columns]] if "protocol" in trials else table
+        )
+    texts.append(f"{written_by}.\n\n" + "\n".join(sections))
+    (out / "pick_stability.md").write_text(texts[-1])
+    tables.write_csv(pd.concat(stability, ignore_index=True), out / "pick_stability.csv")
+    print("\n".join(texts))

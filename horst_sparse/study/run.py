@@ -12,7 +12,7 @@ refused where the code or a config changed under its runs, then its results fold
   ran from one (commit `-dirty`), and where its runs span commits, refuses any whose code
   (`CODE`: horst/, pruning/, horst_sparse/training/, configs/) differs from this commit's (`git diff`), except
   by a change reviewed in `horst_sparse/study/reviewed_changes.yaml` (one file's exact before and after).
-* **Budgets.** The embedded study first runs the tunings its budget (configs/study/tuning.yaml)
+* **Budgets.** The embedded study first runs the tunings its protocol's budget (protocols/embedded/v<N>.yaml)
   still asks for, `scripts/tune.py` per optimizer with the same trials, and stops for the picks to
   be committed; it refuses arms whose optimizers were not tuned alike (equal trials, validation
   split, tuning seeds disjoint from its seeds).
@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -235,8 +235,9 @@ def study_jobs(presets: Sequence[str], extra: Sequence[str] = (), *, configs: Pa
     return jobs
 
 
-def runs_of(jobs: Sequence[Job], record: Path) -> tuple[pd.DataFrame, dict[str, Path]]:
-    """The planned jobs' runs: from their folders where they finished, else from the record."""
+def runs_of(jobs: Sequence[Job], record: Path, version: int | None = None) -> tuple[pd.DataFrame, dict[str, Path]]:
+    """The planned jobs' runs: from their folders where they finished, else from the record (its
+    rows of protocol `version` where it has one)."""
     dirs = [d for d in sorted({REPO / j.sweep_dir for j in jobs}) if d.is_dir()]
     found = scan(dirs, base=REPO) if dirs else None
     parts = []
@@ -244,6 +245,8 @@ def runs_of(jobs: Sequence[Job], record: Path) -> tuple[pd.DataFrame, dict[str, 
         parts.append(found.frame)
     if record.is_file():
         rows = read_record([record])
+        if version is not None and "protocol" in rows:
+            rows = rows[rows["protocol"] == version]
         parts.append(rows[~rows.run.isin(found.frame.run if parts else [])])
     planned = {j.run for j in jobs}
     frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=RECORD_COLUMNS)
@@ -319,8 +322,16 @@ def machine_text(row: Any) -> str:
     return f"host {row.host} ({row.cpu}{capability}{gpu}), {row.cpu_threads:.0f} torch thread(s) a run"
 
 
+def tuning_runs(record: Mapping[str, Any]) -> int:
+    """The runs a tuning made (its provenance): every search trial and rerun, one run per cell."""
+    from horst_sparse.study.tuning import cells
+
+    per_trial = len(cells(record.get("tune_over")))
+    return (record.get("trials", 0) + record.get("top_k", 0) * len(record.get("rerun_seeds") or [])) * per_trial
+
+
 def cost_table(frame: pd.DataFrame, jobs: Sequence[Job]) -> str:
-    """Per pipeline: runs done of planned, the measured wall time a run, the tuning budget, and
+    """Per pipeline: runs done of planned, the measured wall time a run, the tuning runs, and
     what the whole (tuning + runs) takes at that rate with the preset's runs side by side."""
     runs = frame.drop_duplicates("run")
     rows = []
@@ -328,10 +339,10 @@ def cost_table(frame: pd.DataFrame, jobs: Sequence[Job]) -> str:
         group = list(group)
         done = runs[runs.run.isin({j.run for j in group})]
         tuned = {
-            o: ((group[0].config["tuned"].get(o) or {}).get("provenance") or {}).get("trials")
+            o: (group[0].config["tuned"].get(o) or {}).get("provenance") or {}
             for o in sorted({j.config["tuned_as"] for j in group})
         }
-        trials = sum(t or 0 for t in tuned.values())
+        tuning = {o: tuning_runs(record) for o, record in tuned.items()}
         side_by_side = _preset(group[0].preset).get("hydra", {}).get("launcher", {}).get("n_jobs", 1)
         median = done.wall_time_s.median() if not done.empty else math.nan
         rows.append(
@@ -340,9 +351,12 @@ def cost_table(frame: pd.DataFrame, jobs: Sequence[Job]) -> str:
                 "runs done": f"{len(done)} of {len(group)}",
                 "wall s a run (median)": median,
                 "run time so far (h)": done.wall_time_s.sum() / 3600,
-                "tuning trials": ", ".join(f"{o} {t if t else 'untuned'}" for o, t in tuned.items()),
+                "tuning runs per arm": ", ".join(f"{o} {n if n else 'untuned'}" for o, n in tuning.items()),
                 "runs side by side": side_by_side,
-                "tuning + runs at that rate (h wall)": (len(group) + trials) * median / side_by_side / 3600,
+                "tuning + runs at that rate (h wall)": (len(group) + sum(tuning.values()))
+                * median
+                / side_by_side
+                / 3600,
             }
         )
     from horst_sparse.analysis import tables
@@ -359,47 +373,74 @@ def cost_table(frame: pd.DataFrame, jobs: Sequence[Job]) -> str:
     return tables.markdown(table, right=0) + f"\nMachine: {machine}.\n"
 
 
-def readme(study: str, frame: pd.DataFrame, jobs: Sequence[Job], extra: Sequence[str], split: str, out: Path) -> str:
-    commits = ", ".join(f"`{c[:12]}`" for c in sorted(frame.git_commit.dropna().unique()))
+def readme(
+    study: str,
+    frame: pd.DataFrame,
+    jobs: Sequence[Job],
+    extra: Sequence[str],
+    split: str,
+    out: Path,
+    protocol: Any = None,
+) -> str:
+    mine = frame if protocol is None else frame[frame["protocol"] == protocol.version]
+    commits = ", ".join(f"`{c[:12]}`" for c in sorted(mine.git_commit.dropna().unique()))
     presets = list(dict.fromkeys(j.preset for j in jobs))
     lines = "\n".join(f"    {shlex.join(command(p, [], extra))}" for p in presets)
-    hours = frame.drop_duplicates("run").wall_time_s.sum() / 3600
+    hours = mine.drop_duplicates("run").wall_time_s.sum() / 3600
     folder = out.relative_to(REPO) if out.is_relative_to(REPO) else out
     default = {"demo": Path("outputs/demo"), "embedded": Path("results/embedded")}.get(study)
     flags = (" --demo" if study == "demo" else "") + (f" --out {folder}" if folder != default else "")
     target = {" --demo": "make demo", " --demo --out results/demo": "make demo-reference", "": "make study"}.get(
         flags, ""
     )
+    versioned = ""
+    if protocol is not None:
+        counts = mine.drop_duplicates("run").pipeline.value_counts()
+        versioned = (
+            f"It runs protocol {protocol.label} ({protocol.path.relative_to(REPO)}, hash `{protocol.hash}`), "
+            "fixed before its runs. `runs.csv` holds every version's runs (its `protocol` column); each "
+            "version is judged by its own rules in v<N>/, and claims.md and the headline below show every "
+            "version's verdicts, each labelled. The earlier versions' runs: "
+            + ", ".join(
+                f"v{v} {n}"
+                for v, n in frame.drop_duplicates(["protocol", "run"]).protocol.value_counts().sort_index().items()
+                if v != protocol.version
+            )
+            + f"; this version's so far: {', '.join(f'{p} {n}' for p, n in counts.items()) or 'none'}.\n\n"
+        )
     return f"""# The {study} study
 
 Written by `horst-study{flags}`{f" ({target})" if target else ""}:
-{len(frame.run.unique())} of {len(jobs)} planned runs, measured on the {split} split, from commit(s) {commits}
-({hours:.1f} h of run time). The runs are the multiruns of the study's presets
-(configs/study/, arms in configs/arm/; each preset's header says what it runs and what was cut
-to fit the budget):
+{mine.run.nunique()} of {len(jobs)} planned runs, measured on the {split} split, from commit(s) {commits}
+({hours:.1f} h of run time). {versioned}The runs are the multiruns of the study's presets
+(configs/study/, arms in configs/arm/; each preset's header says what it runs):
 
 {lines}
 
 `runs.csv` is the record (one line per run and number; the study resumes from it). The tables,
-paired differences, the claims' verdicts (by the rules of horst_sparse/analysis/claims.yaml), the power table
-and the figures are written from it, into this folder with this file, by
-`horst-study{flags} --report-only` (no runs);
+paired differences, the claims' verdicts, the power table and the figures are written from it,
+by `horst-study{flags} --report-only` (no runs);
 `horst-study-report {folder}/runs.csv --out <folder>` writes the same tables and
 figures into another folder. `make check-results` reruns seed 0 of one cell per pipeline.
 
 ## Cost, as measured
 
-Tuning (configs/study/tuning.yaml: `horst-tune` per optimizer, the same trials for each,
-every trial one run of the recipe on the validation split, results/tuning/) and the runs:
+Tuning (`horst-tune` per arm with the protocol's budget: the same trials, reruns of the best and
+cells for every arm of a pipeline, on the validation split; results/tuning/) and the runs:
 
-{cost_table(frame, jobs)}
+{cost_table(mine, jobs)}
 """
 
 
 def presets_of(study: str, pipelines: Sequence[str] | None = None, configs: Path = CONFIGS) -> list[str]:
-    """The study's presets, configs/study/<study>_*.yaml (a part, whose defaults name another of
-    them, after it), of every pipeline or of `pipelines` only."""
-    names = sorted(f.stem for f in (configs / "study").glob(f"{study}_*.yaml"))
+    """The study's presets: those its current protocol names (protocols/<study>/), else
+    configs/study/<study>_*.yaml (the demo: no protocol); of every pipeline or of `pipelines` only."""
+    from horst_sparse.study import protocol
+
+    try:
+        names = sorted(protocol.current(study).presets)
+    except protocol.ProtocolError:
+        names = sorted(f.stem for f in (configs / "study").glob(f"{study}_*.yaml"))
     presets = [n for n in names if pipelines is None or pipeline_of(n, configs).name in pipelines]
     if not presets:
         raise StudyError(
@@ -408,7 +449,7 @@ def presets_of(study: str, pipelines: Sequence[str] | None = None, configs: Path
     return presets
 
 
-def check_budgets(jobs: Sequence[Job]) -> None:
+def check_budgets(jobs: Sequence[Job], declared_edges: Sequence[str] = ()) -> None:
     """Per pipeline: every set of tuned values the jobs read (adamw, ham, horst, horst_prunable) was
     tuned alike on validation with seeds disjoint from the jobs' reporting seeds, over nested
     spaces (horst_sparse.study.tuning's check, a BudgetError naming the arm otherwise)."""
@@ -419,30 +460,29 @@ def check_budgets(jobs: Sequence[Job]) -> None:
         # every set of tuned values a job reads (its `tuned_as`: an optimizer's, or an arm's own), so the
         # budget counts arms; a control reads another arm's values and is not tuned on its own
         tuned_sets = sorted({j.config["tuned_as"] for j in group})
-        check_equal_budgets(group[0].config["tuned"], tuned_sets, reporting_seeds=sorted({j.seed for j in group}))
+        check_equal_budgets(
+            group[0].config["tuned"],
+            tuned_sets,
+            reporting_seeds=sorted({j.seed for j in group}),
+            declared_edges=declared_edges,
+        )
 
 
-def tunings(study: str, jobs: Sequence[Job], configs: Path = REPO / "configs") -> list[list[str]]:
-    """The `horst-tune` command lines the study's budget (configs/study/tuning.yaml) still asks
-    for: each set of tuned values its jobs read (`tuned_as`) whose pick was not made with that many
-    trials on validation at a tuning seed (a tuning already made is not redone)."""
-    from horst_sparse.study.tuning import EVAL_SPLIT, TUNING_SEEDS_START
-
-    budget = (yaml.safe_load((configs / "study" / "tuning.yaml").read_text()) or {}).get(study)
-    if budget is None:
-        return []
+def tunings(protocol: Any, jobs: Sequence[Job]) -> list[list[str]]:
+    """The `horst-tune` command lines the protocol's budget (its `tuning`) still asks for: each set
+    of tuned values its jobs read (`tuned_as`) whose pick was not made under this protocol version
+    (a tuning already made is not redone). A stopped tuning continues in its folder,
+    outputs/<study>/v<N>/tuning/<pipeline>/<arm>."""
+    budget = protocol.tuning
     lines = []
     for pipeline, group in itertools.groupby(sorted(jobs, key=lambda j: j.pipeline), key=lambda j: j.pipeline):
         group = list(group)
-        trials, recipe = budget["trials"][pipeline], group[0].recipe
+        recipe = group[0].recipe
         for arm in sorted({j.config["tuned_as"] for j in group}):
             record = (group[0].config["tuned"].get(arm) or {}).get("provenance") or {}
-            if (
-                record.get("trials") == trials
-                and record.get("eval_split") == EVAL_SPLIT
-                and min(record.get("seeds") or [-1]) >= TUNING_SEEDS_START
-            ):
+            if (record.get("protocol") or {}).get("hash") == protocol.hash:
                 continue
+            folder = Path("outputs") / protocol.study / f"v{protocol.version}" / "tuning" / pipeline / arm
             lines.append(
                 [
                     "python",
@@ -450,7 +490,15 @@ def tunings(study: str, jobs: Sequence[Job], configs: Path = REPO / "configs") -
                     pipeline,
                     arm,
                     "--trials",
-                    str(trials),
+                    str(budget["trials"][pipeline]),
+                    "--top-k",
+                    str(budget["top_k"][pipeline]),
+                    "--rerun-seeds",
+                    str(budget["rerun_seeds"]),
+                    "--protocol",
+                    str(protocol.path.relative_to(REPO)),
+                    "--sweep-dir",
+                    str(folder),
                     f"{get_pipeline(pipeline).recipe_group}={recipe}",
                     *budget["overrides"],
                 ]
@@ -489,18 +537,37 @@ def run_study(
     pipelines: Sequence[str] | None = None,
 ) -> int:
     """Plan, check, launch what is missing, report into `out` (default results/<study>, whose
-    runs.csv it resumes from). `pipelines` limits what is tuned and run, not what is reported: the
-    record and the report always cover every preset of the study. 0 when every planned run finished."""
+    runs.csv it resumes from). A study with a protocol (protocols/<study>/) runs its newest version
+    and keeps every earlier version's rows in the record; the report judges each version apart.
+    `pipelines` limits what is tuned and run, not what is reported: the record and the report
+    always cover every preset of the study. 0 when every planned run finished."""
+    from horst_sparse.study import protocol as protocols
+
     out = Path(out or REPO / "results" / study)
+    try:
+        versions = protocols.versions(study)
+    except protocols.ProtocolError:
+        versions = []  # the demo: no comparison, no protocol
+    current = versions[-1] if versions else None
+    if current is not None and not current.runnable:
+        raise StudyError(f"{current.path.relative_to(REPO)} names no presets: the study has no version to run")
     every = study_jobs(presets_of(study), extra)
     jobs = [j for j in every if pipelines is None or j.pipeline in pipelines]
-    if study == "embedded" and not report_only:  # a fair comparison; the demo shows the pipelines run
-        missing = tunings(study, jobs)
+    record = out / "runs.csv"
+    earlier = read_record([record]) if record.is_file() else pd.DataFrame(columns=RECORD_COLUMNS)
+    version = None if current is None else current.version
+    if current is not None and not report_only:
+        mine = (
+            earlier[earlier.get("protocol", pd.Series(dtype=float)) == version]
+            if "protocol" in earlier
+            else earlier[:0]
+        )
+        protocols.check_unchanged(current, [*mine.get("protocol_hash", []), *tuning_hashes(current)])
+        missing = tunings(current, jobs)
         if missing:
             run_tunings(missing)
-        check_budgets(jobs)
-    record = out / "runs.csv"
-    frame, folders = runs_of(every, record)
+        check_budgets(jobs, current.declared_edges)
+    frame, folders = runs_of(every, record, version)
     problems = stale(every, frame, folders)
     if problems:
         raise StudyError(
@@ -518,24 +585,80 @@ def run_study(
         # at picks this code made: a code change may move a tuning's optimum; the demo only shows
         # the pipelines at the picks they read). A report adds no run: the record's numbers stand,
         # each with its commit, whatever the code has become since.
-        check_provenance([*frame.git_commit.dropna().unique(), *(tuning_commits(every) if study == "embedded" else [])])
+        check_provenance([*frame.git_commit.dropna().unique(), *(tuning_commits(every) if current else [])])
         status = run_multiruns(multiruns(todo, extra), extra)
-        frame, folders = runs_of(every, record)
+        frame, folders = runs_of(every, record, version)
+    if current is not None:
+        frame = frame.assign(protocol=current.version, protocol_hash=current.hash)
+        others = earlier[earlier["protocol"] != current.version] if "protocol" in earlier else earlier[:0]
+        frame = pd.concat([others, frame], ignore_index=True) if not others.empty else frame
     if frame.empty:
         raise NoRunsError("no run of the study has finished")
     out.mkdir(parents=True, exist_ok=True)
     write_record(frame, record)
     split = {_preset(j.preset).get("eval_split", "validation") for j in every}.pop()
-    write_report(
-        frame,
-        out,
-        split=split,
-        folders=folders,
-        source=str(record.relative_to(REPO) if record.is_relative_to(REPO) else record),
-        intro=readme(study, frame, every, extra, split, out),
-    )
-    missing = len(jobs) - frame.run.isin({j.run for j in jobs}).sum()
+    source = str(record.relative_to(REPO) if record.is_relative_to(REPO) else record)
+    intro = readme(study, frame, every, extra, split, out, current)
+    if versions:
+        write_versions_report(frame, out, versions, split=split, folders=folders, source=source, intro=intro)
+    else:
+        write_report(frame, out, split=split, folders=folders, source=source, intro=intro)
+    mine = frame if current is None else frame[frame["protocol"] == current.version]
+    missing = len(jobs) - mine.run.isin({j.run for j in jobs}).sum()
     return status or int(missing > 0)
+
+
+def tuning_hashes(protocol: Any) -> list[str]:
+    """The protocol hashes the tuning records hold for this version's rows."""
+    hashes = []
+    for csv in (REPO / "results" / "tuning").glob("*/*/tuning.csv"):
+        rows = pd.read_csv(csv)
+        if "protocol" in rows:
+            hashes += list(rows.loc[rows["protocol"] == protocol.version, "protocol_hash"].dropna())
+    return hashes
+
+
+def write_versions_report(
+    frame: pd.DataFrame,
+    out: Path,
+    versions: Sequence[Any],
+    *,
+    split: str,
+    folders: dict[str, Path],
+    source: str,
+    intro: str,
+) -> None:
+    """One report per protocol version (out/v<N>/, judged by that version's rules), and the
+    study's claims.md, headline.md and README.md holding every version's verdicts, each labelled."""
+    from horst_sparse.analysis import claims, report
+
+    claims_parts, headlines = [], []
+    for protocol in reversed(versions):  # the newest first
+        rows = frame[frame["protocol"] == protocol.version]
+        if rows.empty:
+            continue
+        rules = claims.load_rules(protocol.claims)
+        rules["source"] = str(protocol.claims.relative_to(REPO))
+        folder = out / f"v{protocol.version}"
+        legend = f"Protocol {protocol.label} ({protocol.path.relative_to(REPO)}): {protocol.why}"
+        text = report.write_report(
+            rows,
+            folder,
+            rules=rules,
+            split=split,
+            folders=folders,
+            source=f"{source}, protocol {protocol.version}",
+            intro=f"# The {protocol.study} study, protocol {protocol.label}\n\n{legend}\n",
+        )
+        claims_parts.append(f"# Protocol {protocol.label}\n\n{legend}\n\n{text}")
+        body = (folder / "headline.md").read_text().split("\n", 1)[1].rsplit(report.HEADLINE_END, 1)[0].strip()
+        headlines.append(
+            f"**Protocol {protocol.label}** ({protocol.path.relative_to(REPO)}; v{protocol.version}/):\n\n{body}"
+        )
+    (out / "claims.md").write_text("\n\n".join(claims_parts))
+    headline = "\n".join([report.HEADLINE_START, "", "\n\n".join(headlines), "", report.HEADLINE_END]) + "\n"
+    (out / "headline.md").write_text(headline)
+    (out / "README.md").write_text(intro + "\n" + headline)
 
 
 def check_results(study: str, *, extra: Sequence[str] = (), pipelines: Sequence[str] | None = None) -> int:

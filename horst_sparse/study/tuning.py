@@ -16,8 +16,10 @@ alike: same trial count, same tuning seeds, none of them a reporting seed, all o
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import datetime
+import itertools
 import math
 import subprocess
 import sys
@@ -49,6 +51,9 @@ from horst_sparse.training.run_log import FAILED_FILE, SUMMARY_FILE, git_commit
 RESULTS = RESULTS_ROOT / "tuning"
 TUNING_SEEDS_START = 100  # tuning seeds are 100, 101, ...; a study reports on seeds below (0-9)
 DEFAULT_TRIALS = 16
+# the pick noise of one seed: the best trials rerun at more tuning seeds, the pick the best mean (Choi et al. 2019
+# pick on one seed; with seed noise the size of the arms' differences a pick on one seed is partly luck)
+DEFAULT_TOP_K, DEFAULT_RERUN_SEEDS = 3, 2
 EVAL_SPLIT = "validation"
 
 
@@ -80,13 +85,68 @@ def validation_score(pipeline: Pipeline, summary: Mapping[str, Any]) -> float:
     return score if score is not None and math.isfinite(score) else metric.worst()
 
 
+def cells(tune_over: Any) -> list[dict[str, Any]]:
+    """The runs of one trial: one per combination of `tune_over`'s values (a nested mapping of
+    lists, e.g. {acdc: {sparsity: [0.7, 0.8, 0.9]}}), as {dotted key: value}; [{}] without."""
+    if OmegaConf.is_config(tune_over):
+        tune_over = OmegaConf.to_container(tune_over, resolve=True)
+    if not tune_over:
+        return [{}]
+
+    def flat(node: Mapping[str, Any], prefix: str = "") -> dict[str, list]:
+        out = {}
+        for key, value in node.items():
+            if isinstance(value, Mapping):
+                out |= flat(value, f"{prefix}{key}.")
+            else:
+                out[f"{prefix}{key}"] = list(value) if isinstance(value, (list, tuple)) else [value]
+        return out
+
+    keys = flat(tune_over)
+    return [dict(zip(keys, values)) for values in itertools.product(*keys.values())]
+
+
+def cell_folder(cell: Mapping[str, Any]) -> str:
+    """A cell's run folder inside its trial's: `acdc.sparsity=0.7` ('' for a trial of one run)."""
+    return ",".join(f"{key}={value}" for key, value in cell.items())
+
+
+def trial_score(metric: TuningScore, scores: Iterable[float]) -> float:
+    """A trial's score: the mean of its cells' (the claims' endpoints, e.g. every reported
+    sparsity); the worst where one of them is."""
+    scores = list(scores)
+    if any(score == metric.worst() for score in scores):
+        return metric.worst()
+    return float(np.mean(scores))
+
+
 def trial(cfg) -> float:
-    """A pipeline's run as a trial: the sweeper gets its score. Module-level, so that submitit
-    pickles it by reference."""
+    """A pipeline's run, or one run per cell of `tune_over`, as a trial: the sweeper gets its
+    score. Module-level, so that submitit pickles it by reference."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import read_write
+
     from horst_sparse.training.runner import hydra_task
 
     pipeline = pipeline_of(cfg)
-    return validation_score(pipeline, hydra_task(pipeline.run, cfg))
+    runs = cells(cfg.get("tune_over"))
+    if runs == [{}]:
+        return validation_score(pipeline, hydra_task(pipeline.run, cfg))
+    hydra_cfg = HydraConfig.get()
+    folder = hydra_cfg.runtime.output_dir
+    scores = []
+    try:
+        for cell in runs:  # one after another: the launcher runs trials side by side
+            run_cfg = copy.deepcopy(cfg)
+            for key, value in cell.items():
+                OmegaConf.update(run_cfg, key, value, merge=False)
+            with read_write(hydra_cfg):
+                hydra_cfg.runtime.output_dir = str(Path(folder) / cell_folder(cell))
+            scores.append(validation_score(pipeline, hydra_task(pipeline.run, run_cfg)))
+    finally:
+        with read_write(hydra_cfg):
+            hydra_cfg.runtime.output_dir = folder
+    return trial_score(pipeline.tuning, scores)
 
 
 # ---- quasi-random search ---------------------------------------------------------------------
@@ -173,10 +233,21 @@ class Tuning:
     seed: int
     trials: int
     arguments: list[str]  # the multirun's command line
+    overrides: list[str] = dataclasses.field(default_factory=list)  # the user's, of every trial
+    selection: list[str] = dataclasses.field(default_factory=list)  # what selects the arm: optimizer=horst, +arm=...
+    tune_over: Any = None  # a trial's cells (the search space's `tune_over`)
 
     @property
     def metric(self) -> TuningScore:
         return get_pipeline(self.pipeline).tuning
+
+    @property
+    def objective(self) -> str:
+        """What a trial's score is: the pipeline's metric, averaged over the trial's cells where it has several."""
+        runs = cells(self.tune_over)
+        if runs == [{}]:
+            return self.metric.description
+        return f"{self.metric.description}, the mean over {'; '.join(cell_folder(c) for c in runs)}"
 
 
 def require_clean_tree(root: Path | None = None, *, tuning: tuple[str, str] | None = None) -> str:
@@ -289,7 +360,23 @@ def prepare(
         int(cfg.seed),
         trials,
         arguments,
+        list(overrides),
+        selection(search),
+        OmegaConf.to_container(cfg.tune_over, resolve=True) if cfg.get("tune_over") else None,
     )
+
+
+def selection(search: Path) -> list[str]:
+    """The overrides that select a search space's arm without the space: its defaults list's
+    `override /optimizer: horst` (optimizer=horst) and `/arm: horst_prunable` (+arm=horst_prunable)."""
+    chosen = []
+    for entry in yaml.safe_load(search.read_text()).get("defaults", []):
+        if isinstance(entry, Mapping):
+            for key, value in entry.items():
+                group = key.removeprefix("override ").strip().lstrip("/")
+                if group in ("optimizer", "arm"):
+                    chosen.append(f"{'' if key.startswith('override ') else '+'}{group}={value}")
+    return chosen
 
 
 def run_trials(plan: Tuning, config_dir: Path = CONFIGS) -> Path:
@@ -315,11 +402,25 @@ def run_trials(plan: Tuning, config_dir: Path = CONFIGS) -> Path:
     return sweep_dir
 
 
-def collect(plan: Tuning, sweep_dir: Path) -> list[dict[str, Any]]:
-    """One row per trial, from the trial folders (each has Hydra's overrides and the run's
-    summary or failure record), in trial order."""
+def folder_score(plan: Tuning, folder: Path, config: Mapping[str, Any]) -> tuple[float, str]:
+    """A trial's score from its folder (each cell's run in a subfolder where it has cells) and
+    whether every run finished (a failed one holds the runner's failed.json, not a summary)."""
     import json
 
+    pipeline = get_pipeline(plan.pipeline)
+    scores, failed = [], False
+    for cell in cells(config.get("tune_over")):
+        summary_file = folder / cell_folder(cell) / SUMMARY_FILE
+        failed |= not summary_file.is_file()
+        scores.append(
+            validation_score(pipeline, json.loads(summary_file.read_text()) if summary_file.is_file() else {})
+        )
+    return trial_score(pipeline.tuning, scores), "failed" if failed else "finished"
+
+
+def collect(plan: Tuning, sweep_dir: Path, *, stage: str = "search", trial: int | None = None) -> list[dict[str, Any]]:
+    """One row per trial (or, for a rerun sweep, per seed of `trial`), from the trial folders
+    (each has Hydra's overrides and its runs' summaries or failure records), in trial order."""
     rows = []
     for folder in sorted(
         (p for p in sweep_dir.iterdir() if (p / ".hydra" / "overrides.yaml").is_file()),
@@ -327,27 +428,90 @@ def collect(plan: Tuning, sweep_dir: Path) -> list[dict[str, Any]]:
     ):
         overrides = dict(o.split("=", 1) for o in yaml.safe_load((folder / ".hydra" / "overrides.yaml").read_text()))
         config = yaml.safe_load((folder / ".hydra" / "config.yaml").read_text())
-        summary_file = folder / SUMMARY_FILE  # a failed trial has the runner's failed.json instead
-        failed = not summary_file.is_file()
-        summary = {} if failed else json.loads(summary_file.read_text())
+        score, status = folder_score(plan, folder, config)
         row = {
             "pipeline": plan.pipeline,
             "recipe": plan.recipe,
             "arm": plan.arm,
-            "trial": int(folder.name.split("_", 1)[0]),
+            "trial": int(folder.name.split("_", 1)[0]) if trial is None else trial,
+            "stage": stage,
             "seed": int(config["seed"]),
         }
         row.update({key: yaml.safe_load(overrides[key]) for key in plan.space})
-        row.update(
-            eval_split=config.get("eval_split"),
-            metric=plan.metric.description,
-            score=validation_score(get_pipeline(plan.pipeline), {} if failed else summary),
-            status="failed" if failed else "finished",
-        )
+        row.update(eval_split=config.get("eval_split"), metric=plan.objective, score=score, status=status)
         rows.append(row)
-    if len(rows) != plan.trials:
+    if stage == "search" and len(rows) != plan.trials:
         raise TuningError(f"{sweep_dir} has {len(rows)} finished trial folders, not the {plan.trials} planned")
     return rows
+
+
+def _override_value(value: Any) -> str:
+    """A value in Hydra's override grammar: {a:{b:[0.7,0.8]}}."""
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{k}:{_override_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_override_value(v) for v in value) + "]"
+    return str(value)
+
+
+def rerun_seeds(plan: Tuning, count: int) -> list[int]:
+    """The tuning seeds of the reruns: the ones after the search's."""
+    return [plan.seed + 1 + i for i in range(count)]
+
+
+def top(rows: list[dict[str, Any]], metric: TuningScore, k: int) -> list[dict[str, Any]]:
+    """The k best search trials (the earlier of a tie first)."""
+    sign = 1 if metric.direction == "maximize" else -1
+    return sorted(rows, key=lambda r: (-sign * r["score"], r["trial"]))[:k]
+
+
+def run_reruns(
+    plan: Tuning, rows: list[dict[str, Any]], *, top_k: int, seeds: int, sweep_dir: Path, config_dir: Path = CONFIGS
+) -> list[dict[str, Any]]:
+    """Rerun the `top_k` best search trials at `seeds` more tuning seeds (the pick noise of one
+    seed: the pick is the best mean over seeds), one Hydra multirun per trial through the same
+    launcher, each trial's values as the search sampled them; one row per rerun."""
+    import hydra
+
+    if top_k < 1 or seeds < 1:
+        return []
+    registered = get_pipeline(plan.pipeline)
+    main = hydra.main(config_path=str(config_dir), config_name=registered.config_name, version_base=VERSION_BASE)(trial)
+    found = []
+    for row in top([r for r in rows if r["stage"] == "search"], plan.metric, top_k):
+        folder = next(p for p in sweep_dir.iterdir() if p.name.split("_", 1)[0] == str(row["trial"]))
+        sampled = [
+            o
+            for o in yaml.safe_load((folder / ".hydra" / "overrides.yaml").read_text())
+            if o.split("=", 1)[0] in plan.space
+        ]
+        rerun_dir = sweep_dir / "rerun" / f"trial{row['trial']}"
+        argv = [
+            registered.script,
+            "-m",
+            *plan.selection,
+            *(
+                o
+                for o in plan.overrides
+                if not o.startswith(("hydra.sweeper.", "hydra/sweeper")) and o.split("=", 1)[0] not in plan.space
+            ),
+            *sampled,
+            f"seed={','.join(map(str, rerun_seeds(plan, seeds)))}",
+            f"eval_split={EVAL_SPLIT}",
+            *([f"tune_over={_override_value(plan.tune_over)}"] if plan.tune_over else []),
+            f"hydra.sweep.dir={rerun_dir}",
+        ]
+        saved = sys.argv
+        sys.argv = argv
+        try:
+            main()
+        except SystemExit:
+            if not any(rerun_dir.glob(f"**/{FAILED_FILE}")):
+                raise
+        finally:
+            sys.argv = saved
+        found += collect(plan, rerun_dir, stage="rerun", trial=row["trial"])
+    return found
 
 
 EDGE = 0.05  # a pick within this fraction of its range's ends, in the range's scale, may be cut off by it
@@ -378,52 +542,96 @@ def edges(space: Mapping[str, str], pick: Mapping[str, Any]) -> list[str]:
     return found
 
 
-def best(rows: list[dict[str, Any]], metric: TuningScore) -> dict[str, Any]:
-    """The best trial; the earlier one of a tie."""
-    sign = 1 if metric.direction == "maximize" else -1
-    return max(rows, key=lambda r: (sign * r["score"], -r["trial"]))
+def pick(rows: list[dict[str, Any]], metric: TuningScore, top_k: int) -> dict[str, Any]:
+    """The picked trial's search row, with `mean` (its score over every seed it ran) and `seeds`:
+    the best mean over seeds among the `top_k` best search trials (the rule of
+    horst_sparse.analysis.tuning_curves.pick, the one judge; without reruns, the best search score)."""
+    import pandas as pd
+
+    from horst_sparse.analysis.tuning_curves import pick as pick_rule
+
+    frame = pd.DataFrame(rows)
+    chosen = pick_rule(frame, maximize=metric.direction == "maximize", top_k=top_k)
+    mine = frame[frame.trial == chosen]
+    search = next(r for r in rows if r["trial"] == chosen and r["stage"] == "search")
+    return {
+        **search,
+        "mean": float(mine.score.mean()),
+        "seeds": {int(r.seed): float(r.score) for r in mine.itertuples()},
+    }
 
 
 def write_pick(
-    plan: Tuning, rows: list[dict[str, Any]], *, commit: str, command: str, results_dir: Path = RESULTS
+    plan: Tuning,
+    rows: list[dict[str, Any]],
+    *,
+    commit: str,
+    command: str,
+    top_k: int = 0,
+    protocol: Any = None,
+    results_dir: Path = RESULTS,
 ) -> dict:
     """The arm's tuned file with the pick and its provenance (the keys outside the search space
-    kept), and the arm's rows of tuning.csv replaced."""
+    kept), and the arm's rows of tuning.csv (of this protocol version) replaced."""
     import pandas as pd
 
-    pick = best(rows, plan.metric)
-    if not math.isfinite(pick["score"]):
+    chosen = pick(rows, plan.metric, top_k)
+    if not math.isfinite(chosen["mean"]):
         raise TuningError(f"every trial of {plan.arm} failed; nothing to pick (see the trial folders)")
     csv = results_dir / plan.pipeline / plan.recipe / "tuning.csv"
     values = yaml.safe_load(plan.arm_file.read_text())
     for key in plan.space:
-        values[key.rsplit(".", 1)[-1]] = pick[key]
+        values[key.rsplit(".", 1)[-1]] = chosen[key]
+    search = [r for r in rows if r["stage"] == "search"]
     values["provenance"] = {
         "made_by": command,
         "commit": commit,
         "date": datetime.date.today().isoformat(),
+        "protocol": None if protocol is None else {"version": protocol.version, "hash": protocol.hash,
+                                                   "file": str(protocol.path.relative_to(ROOT))},
         "sampler": "horst_sparse.study.tuning.SobolSampler (scrambled Sobol, hydra-optuna-sweeper)",
         "space": plan.space,
-        "trials": len(rows),
-        "seeds": sorted({r["seed"] for r in rows}),
+        "tune_over": plan.tune_over,
+        "trials": len(search),
+        "seeds": sorted({r["seed"] for r in search}),
+        "top_k": top_k,
+        "rerun_seeds": sorted({r["seed"] for r in rows if r["stage"] == "rerun"}),
         "eval_split": EVAL_SPLIT,
-        "metric": plan.metric.description,
+        "metric": plan.objective,
         "direction": plan.metric.direction,
-        "scores": [r["score"] for r in rows],
-        "pick": {"trial": pick["trial"], "score": pick["score"]},
-        "edges": edges(plan.space, pick),
+        "scores": [r["score"] for r in search],
+        "pick": {"trial": chosen["trial"], "score": chosen["mean"], "seeds": chosen["seeds"]},
+        "edges": edges(plan.space, chosen),
         "tuning_csv": str(csv.relative_to(ROOT) if csv.is_relative_to(ROOT) else csv),
-    }
+    }  # fmt: skip
+    rule = f"the best mean over seeds of its {top_k} best" if top_k else "the best of"
     header = (
-        f"# {plan.arm} under the {plan.pipeline} {plan.recipe} recipe: the pick of {len(rows)} quasi-random trials on the\n"
+        f"# {plan.arm} under the {plan.pipeline} {plan.recipe} recipe: {rule} {len(search)} quasi-random trials on the\n"
         f"# validation split, written by `{command}` at commit {commit}\n"
         "# (every trial: provenance.tuning_csv). Keys outside the search space are kept from before.\n"
     )
     plan.arm_file.write_text(header + yaml.safe_dump(values, sort_keys=False))
-    frame = pd.DataFrame([{**r, "pick": r["trial"] == pick["trial"], "commit": commit} for r in rows])
+    version = None if protocol is None else protocol.version
+    frame = pd.DataFrame(
+        [
+            {
+                **r,
+                "pick": r["trial"] == chosen["trial"],
+                "commit": commit,
+                "protocol": version,
+                "protocol_hash": None if protocol is None else protocol.hash,
+            }
+            for r in rows
+        ]
+    )
     if csv.is_file():
         earlier = pd.read_csv(csv)
-        frame = pd.concat([earlier[earlier["arm"] != plan.arm], frame], ignore_index=True)
+        if "protocol" not in earlier:
+            earlier["protocol"] = None
+        same = (earlier["arm"] == plan.arm) & (
+            earlier["protocol"].isna() if version is None else earlier["protocol"] == version
+        )
+        frame = pd.concat([earlier[~same], frame], ignore_index=True)
     csv.parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(csv, index=False)
     return values
@@ -434,17 +642,26 @@ def tune(
     arm: str,
     *,
     trials: int = DEFAULT_TRIALS,
+    top_k: int = 0,
+    rerun_seeds: int = 0,
     overrides: Iterable[str] = (),
     commit: str,
     command: str,
+    protocol: Any = None,
     config_dir: Path = CONFIGS,
     results_dir: Path = RESULTS,
     sweep_dir: Path | None = None,
 ) -> dict:
-    """Prepare, run the trials, write the pick; returns the arm's new tuned values."""
+    """Prepare, run the trials and the reruns of the top k, write the pick; returns the arm's new
+    tuned values. A tuning stopped early continues in the same `sweep_dir` (finished runs are kept)."""
     tuning = prepare(pipeline, arm, trials=trials, overrides=overrides, config_dir=config_dir, sweep_dir=sweep_dir)
-    rows = collect(tuning, run_trials(tuning, config_dir))
-    return write_pick(tuning, rows, commit=commit, command=command, results_dir=results_dir)
+    folder = run_trials(tuning, config_dir)
+    rows = collect(tuning, folder)
+    rows += run_reruns(tuning, rows, top_k=top_k, seeds=rerun_seeds, sweep_dir=folder, config_dir=config_dir)
+    return write_pick(
+        tuning, rows, commit=commit, command=command, top_k=top_k if rerun_seeds else 0, protocol=protocol,
+        results_dir=results_dir,
+    )  # fmt: skip
 
 
 # ---- the study's guard -----------------------------------------------------------------------
@@ -485,6 +702,15 @@ def check_equal_budgets(
     if len({tuple(r["seeds"]) for r in records.values()}) > 1:
         seeds = ", ".join(f"{arm} {r['seeds']}" for arm, r in records.items())
         raise BudgetError(f"arms tuned on different seeds ({seeds}); retune with the same seed")
+    reruns = {arm: (r.get("top_k", 0), tuple(r.get("rerun_seeds") or ())) for arm, r in records.items()}
+    if len(set(reruns.values())) > 1:
+        shown = ", ".join(f"{arm} top {k} at seeds {list(s)}" for arm, (k, s) in reruns.items())
+        raise BudgetError(
+            f"unequal reruns of the best trials ({shown}); retune with the same --top-k and --rerun-seeds"
+        )
+    if len({yaml.safe_dump(r.get("tune_over")) for r in records.values()}) > 1:
+        shown = "; ".join(f"{arm} {r.get('tune_over')}" for arm, r in records.items())
+        raise BudgetError(f"the arms were scored on different cells (tune_over: {shown}); retune over one shared space")
     check_nested_spaces({arm: r["space"] for arm, r in records.items()})
     for arm, record in records.items():
         undeclared = [
@@ -544,15 +770,38 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("arm", help="an optimizer (adamw, ham, horst) or an arm with values of its own (horst_prunable): "
                         "one with a search space configs/hparams_search/<pipeline>_<arm>.yaml")  # fmt: skip
     parser.add_argument("--trials", type=int, default=DEFAULT_TRIALS, help=f"the budget (default {DEFAULT_TRIALS})")
+    parser.add_argument(
+        "--top-k", type=int, default=DEFAULT_TOP_K, help=f"rerun the k best trials (default {DEFAULT_TOP_K}; 0: none)"
+    )
+    parser.add_argument(
+        "--rerun-seeds",
+        type=int,
+        default=DEFAULT_RERUN_SEEDS,
+        help=f"... at this many more tuning seeds; the pick is the best mean (default {DEFAULT_RERUN_SEEDS})",
+    )
+    parser.add_argument("--protocol", type=Path, help="the study protocol file the tuning belongs to (its rows say so)")
+    parser.add_argument(
+        "--sweep-dir", type=Path, help="the trials' folder (default: a new one); the same again continues a tuning"
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of every trial, e.g. hydra/launcher=slurm")
     args = parser.parse_intermixed_args(argv)  # `--trials 8` before or after the overrides
     try:
         commit = require_clean_tree(tuning=(args.pipeline, args.arm))
+        from horst_sparse.study.protocol import ProtocolError, load
+
+        try:
+            protocol = load(args.protocol) if args.protocol else None
+        except (ProtocolError, OSError) as error:
+            raise TuningError(f"--protocol: {error}") from None
         values = tune(
             args.pipeline,
             args.arm,
             trials=args.trials,
+            top_k=min(args.top_k, args.trials),
+            rerun_seeds=args.rerun_seeds,
             overrides=args.overrides,
+            protocol=protocol,
+            sweep_dir=args.sweep_dir.resolve() if args.sweep_dir else None,
             commit=commit,
             command=shlex.join(["python", "scripts/tune.py", *argv]),
         )

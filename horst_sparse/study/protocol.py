@@ -1,0 +1,127 @@
+"""A study's protocol: one committed file per version (`protocols/<study>/v<N>.yaml`) that fixes,
+before its reporting runs, what the study runs and how it is judged: its presets (arms,
+sparsities, seeds), the tuning budget (trials, top-k reruns, seeds), the search spaces, the
+pilot's rule, the claims' rules and the declared edges.
+
+Its hash is the SHA-256 of the protocol file and of every file it names (`files`), so a changed
+recipe, search space, preset or rule after the first run changes it. Every row the study and its
+tunings record carries the version and hash (`protocol`, `protocol_hash` in runs.csv and
+tuning.csv); a version whose files changed after its runs began is refused (`check_unchanged`):
+a change after results were read is a new version, run beside the old one, never in its place.
+Versions never deleted: the record holds every version's runs and the report judges each.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from horst_sparse.paths import REPO
+
+PROTOCOLS = REPO / "protocols"
+STATUSES = ("confirmatory", "exploratory")
+
+
+class ProtocolError(RuntimeError):
+    """A protocol that cannot be read or has changed under its runs; one line, with the fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Protocol:
+    study: str
+    version: int
+    status: str  # confirmatory | exploratory
+    why: str  # what it changed from the version before, and why (or why it is exploratory)
+    path: Path
+    hash: str
+    spec: Mapping[str, Any]  # the whole file
+
+    @property
+    def label(self) -> str:
+        return f"v{self.version} ({self.status})"
+
+    @property
+    def presets(self) -> list[str]:
+        return list(self.spec.get("presets") or [])
+
+    @property
+    def runnable(self) -> bool:
+        """Whether the study can still run this version: it names presets of the current configs
+        (a version recorded after the fact names the commit its runs came from instead)."""
+        return bool(self.presets)
+
+    @property
+    def claims(self) -> Path:
+        return REPO / self.spec["claims"]
+
+    @property
+    def tuning(self) -> Mapping[str, Any]:
+        return self.spec.get("tuning") or {}
+
+    @property
+    def declared_edges(self) -> list[str]:
+        return list(self.tuning.get("declared_edges") or [])
+
+
+def _hash(path: Path, files: Iterable[str], root: Path) -> str:
+    digest = hashlib.sha256()
+    for name in [str(path.relative_to(root)), *sorted(files)]:
+        file = root / name
+        if not file.is_file():
+            raise ProtocolError(f"{path.relative_to(root)} names {name}, which does not exist")
+        digest.update(name.encode() + b"\0" + file.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def load(path: Path, root: Path = REPO) -> Protocol:
+    spec = yaml.safe_load(Path(path).read_text()) or {}
+    missing = [k for k in ("study", "version", "status", "why", "claims") if k not in spec]
+    if missing:
+        raise ProtocolError(f"{path} lacks {', '.join(missing)}")
+    if spec["status"] not in STATUSES:
+        raise ProtocolError(f"{path}: status {spec['status']!r} is not one of {', '.join(STATUSES)}")
+    if Path(path).stem != f"v{spec['version']}":
+        raise ProtocolError(f"{path} says version {spec['version']}: name it v{spec['version']}.yaml")
+    files = [*spec.get("files", []), spec["claims"], *(f"configs/study/{p}.yaml" for p in spec.get("presets") or [])]
+    return Protocol(
+        spec["study"],
+        int(spec["version"]),
+        spec["status"],
+        " ".join(str(spec["why"]).split()),
+        Path(path),
+        _hash(Path(path), set(files), root),
+        spec,
+    )
+
+
+def versions(study: str, root: Path = REPO) -> list[Protocol]:
+    """Every version of the study's protocol, oldest first."""
+    folder = root / "protocols" / study
+    found = sorted(folder.glob("v*.yaml"), key=lambda p: int(re.sub(r"\D", "", p.stem) or 0))
+    if not found:
+        raise ProtocolError(f"no protocol for study {study} ({folder}/v<N>.yaml)")
+    return [load(p, root) for p in found]
+
+
+def current(study: str, root: Path = REPO) -> Protocol:
+    """The version the study runs: the newest."""
+    return versions(study, root)[-1]
+
+
+def check_unchanged(protocol: Protocol, recorded: Iterable[Any]) -> None:
+    """Refuse to add runs to a version whose files changed since its first recorded runs."""
+    hashes = {str(h) for h in recorded if isinstance(h, str) and h}
+    changed = hashes - {protocol.hash}
+    if changed:
+        raise ProtocolError(
+            f"protocol {protocol.study} v{protocol.version} changed after its runs began (recorded hash "
+            f"{', '.join(sorted(changed))}, its files now hash to {protocol.hash}): a change after runs were "
+            f"recorded is a new version; restore its files (git log -- protocols/{protocol.study}) or "
+            f"write protocols/{protocol.study}/v{protocol.version + 1}.yaml"
+        )
