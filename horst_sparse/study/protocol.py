@@ -80,13 +80,14 @@ def _hash(path: Path, files: Iterable[str], root: Path) -> str:
 
 
 def load(path: Path, root: Path = REPO) -> Protocol:
-    spec = yaml.safe_load(Path(path).read_text()) or {}
+    path = Path(path).resolve()
+    spec = yaml.safe_load(path.read_text()) or {}
     missing = [k for k in ("study", "version", "status", "why", "claims") if k not in spec]
     if missing:
         raise ProtocolError(f"{path} lacks {', '.join(missing)}")
     if spec["status"] not in STATUSES:
         raise ProtocolError(f"{path}: status {spec['status']!r} is not one of {', '.join(STATUSES)}")
-    if Path(path).stem != f"v{spec['version']}":
+    if path.stem != f"v{spec['version']}":
         raise ProtocolError(f"{path} says version {spec['version']}: name it v{spec['version']}.yaml")
     files = [*spec.get("files", []), spec["claims"], *(f"configs/study/{p}.yaml" for p in spec.get("presets") or [])]
     return Protocol(
@@ -94,8 +95,8 @@ def load(path: Path, root: Path = REPO) -> Protocol:
         int(spec["version"]),
         spec["status"],
         " ".join(str(spec["why"]).split()),
-        Path(path),
-        _hash(Path(path), set(files), root),
+        path,
+        _hash(path, set(files), Path(root).resolve()),
         spec,
     )
 
