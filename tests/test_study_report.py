@@ -200,31 +200,58 @@ def test_results_files_keep_the_same_digits_on_every_cpu(tmp_path):
     assert (tmp_path / "a.csv").read_text() == (tmp_path / "b.csv").read_text() == "low,arm\n0.909313818,horst\n"
 
 
+def _written(folder: Path) -> set[str]:
+    """A report's text files, its tables' CSV and LaTeX included."""
+    tables = {p.name for suffix in ("*.tex", "*.csv") for p in folder.glob(suffix) if p.name != "runs.csv"}
+    return tables | {n for n in report.OUTPUTS if (folder / n).exists() and not n.endswith(".png") and n != "README.md"}
+
+
+def _same_report(written: Path, committed: Path) -> None:
+    texts = _written(written)
+    assert texts == _written(committed)
+    for name in texts:
+        if name.endswith(".csv"):
+            assert_same_table(written / name, committed / name)
+        else:  # markdown, LaTeX, JSON: rounded to their decimals, so the same text on every CPU
+            assert (written / name).read_text() == (committed / name).read_text(), name
+
+
 @pytest.mark.parametrize("folder", ["results/embedded", "results/demo"])
 def test_committed_outputs_agree_and_regenerate_from_the_record(tmp_path, folder):
     """The committed folders are what the package writes from their committed runs.csv (and the
-    weight figure's histograms, kept in the folder: no run folders here), and agree."""
+    weight figure's histograms, kept in the folder: no run folders here), and agree. A study with
+    protocol versions has one report per version (v<N>/, by its own rules) and every version's
+    verdicts in its claims.md and headline.md."""
+    from horst_sparse.study import protocol
+    from horst_sparse.study.run import write_versions_report
+
     committed = ROOT / folder
     frame = runs.read_record([committed / "runs.csv"])
     split = frame.eval_split.unique()[0]
-    if (committed / report.WEIGHT_HISTOGRAMS).is_file():
-        shutil.copy(committed / report.WEIGHT_HISTOGRAMS, tmp_path)
-    report.write_report(frame, tmp_path, split=split, source=f"{folder}/runs.csv")
-
-    def written(folder: Path) -> set[str]:  # the report's text files, its tables' CSV and LaTeX included
-        tables = {p.name for suffix in ("*.tex", "*.csv") for p in folder.glob(suffix) if p.name != "runs.csv"}
-        return tables | {
-            n for n in report.OUTPUTS if (folder / n).exists() and not n.endswith(".png") and n != "README.md"
-        }
-
-    texts = written(tmp_path)
-    assert texts == written(committed)
-    for name in texts:
-        if name.endswith(".csv"):
-            assert_same_table(tmp_path / name, committed / name)
-        else:  # markdown, LaTeX, JSON: rounded to their decimals, so the same text on every CPU
-            assert (tmp_path / name).read_text() == (committed / name).read_text(), name
-    assert _verdicts_in(committed)["claims.md"] == _verdicts_in(committed)["headline.md"]
+    if "protocol" in frame:
+        versions = protocol.versions(Path(folder).name)
+        for version in versions:
+            saved = committed / f"v{version.version}" / report.WEIGHT_HISTOGRAMS
+            if saved.is_file():
+                (tmp_path / f"v{version.version}").mkdir()
+                shutil.copy(saved, tmp_path / f"v{version.version}")
+        write_versions_report(frame, tmp_path, versions, split=split, folders={}, source=f"{folder}/runs.csv", intro="")
+        reports = [committed / f"v{version}" for version in sorted(set(frame.protocol.astype(int)))]
+        for version in reports:
+            _same_report(tmp_path / version.name, version)
+            labelled = f"**Protocol {version.name} ({versions[int(version.name[1:]) - 1].status})**"
+            assert labelled in (committed / "headline.md").read_text()
+            assert (version / "claims.md").read_text() in (committed / "claims.md").read_text()
+        for name in ("claims.md", "headline.md"):
+            assert (tmp_path / name).read_text() == (committed / name).read_text()
+    else:
+        if (committed / report.WEIGHT_HISTOGRAMS).is_file():
+            shutil.copy(committed / report.WEIGHT_HISTOGRAMS, tmp_path)
+        report.write_report(frame, tmp_path, split=split, source=f"{folder}/runs.csv")
+        _same_report(tmp_path, committed)
+        reports = [committed]
+    for one in reports:
+        assert _verdicts_in(one)["claims.md"] == _verdicts_in(one)["headline.md"] == _verdicts_in(one)["claims.csv"]
     assert (committed / "headline.md").read_text() in (committed / "README.md").read_text()
 
 
