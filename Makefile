@@ -36,7 +36,7 @@ demo-reference: $(STAMP)
 study: $(STAMP)
 	$(PY) scripts/embedded_study.py
 
-# Rerun seed 0 of one cell per pipeline and compare with results/embedded/runs.csv
+# Rerun the first reporting seed of one cell per pipeline and compare with results/embedded/runs.csv
 check-results: $(STAMP)
 	$(PY) scripts/embedded_study.py --check
 
