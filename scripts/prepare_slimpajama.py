@@ -10,8 +10,9 @@ the dataset's train split becomes `train.bin`, its validation split `val.bin` (m
 and tuning: `eval_split: validation`), its test split `test.bin` (the reported numbers:
 `eval_split: test`), and `meta.json` records the counts. A folder prepared before test
 splits existed gets its `test.bin` added; the other two are kept. Each file is written under a temporary name and renamed
-when complete: rerunning skips finished splits, and an interrupted run never leaves a file
-that looks complete (tokenized shards are also cached by `datasets`).
+when complete: rerunning skips finished splits, an interrupted run never leaves a file
+that looks complete (tokenized shards are also cached by `datasets`), and a rerun first deletes
+the temporary files of runs that were killed.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from horst_sparse.gpt2.data import (
     SPLIT_FILES,
     encode_documents,
     gpt2_tokenizer,
+    remove_stale_temp_files,
     write_meta,
     write_tokens,
 )
@@ -101,6 +103,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     out = Path(args.out)
+    # A writer killed mid-file (SIGKILL, OOM, a job's time limit) leaves its `<file>.<pid>.tmp`, as large as
+    # the split; a rerun writes under its own pid, so without this the old ones would stay forever.
+    stale = remove_stale_temp_files(out) if out.is_dir() else []
+    if stale:
+        print(
+            f"removed {len(stale)} temporary file(s) of writers no longer running: {', '.join(p.name for p in stale)}"
+        )
     if (out / META_FILE).is_file() and all((out / f).is_file() for f in SPLIT_FILES.values()):
         print(f"{out} is already prepared ({out / META_FILE}); delete it to prepare again")
         return

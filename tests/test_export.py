@@ -8,8 +8,8 @@ import json
 
 import pytest
 import torch
+from conftest import ROOT, _subprocess_env, compose_cfg, deit_overrides, tiny_overrides
 from conftest import _compose as compose_vit_cfg
-from conftest import compose_cfg, deit_overrides, tiny_overrides
 
 import pruning
 from horst_sparse.gpt2.data import gpt2_tokenizer, load_data
@@ -102,6 +102,38 @@ def test_script_refuses_the_wrong_format_and_a_missing_sparsity_in_one_line(gpt2
     assert "no checkpoint" in capsys.readouterr().err
 
 
+def test_export_refuses_a_folder_that_holds_files_unless_forced(gpt2_run, tmp_path, capsys):
+    """Before, an existing export was written over without a word."""
+    import subprocess
+    import sys
+
+    run_dir = str(gpt2_run[1])
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "notes.txt").write_text("someone's")
+    command = [
+        sys.executable,
+        str(ROOT / "scripts" / "export.py"),
+        run_dir,
+        str(out),
+        "--to",
+        "hf",
+        "--sparsity",
+        "0.5",
+    ]
+    done = subprocess.run(command, env=_subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert (done.returncode, done.stderr.strip()) == (
+        2,
+        f"error: {out} exists and is not empty; choose a new folder, or pass --force to write over it",
+    )
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+    assert horst_export.main([*command[2:], "--force"]) == 0
+    assert (out / "model.safetensors").is_file() and (out / "notes.txt").read_text() == "someone's"
+    (tmp_path / "empty").mkdir()  # an empty folder (mkdir -p, mktemp -d) is taken as it is
+    assert horst_export.main([run_dir, str(tmp_path / "empty"), "--to", "hf", "--sparsity", "0.5"]) == 0
+    capsys.readouterr()
+
+
 @pytest.fixture(scope="module")
 def vit_run(imagenet_root, tmp_path_factory):
     from horst_sparse.vit.run import run
@@ -179,3 +211,19 @@ def test_vit_export_refuses_a_sparsity(vit_run, tmp_path):
 
     with pytest.raises(RunError, match="already sparse"):
         export_run(vit_run[1], tmp_path / "x", to="timm", sparsity=0.5)
+
+
+def test_vit_export_config_keeps_none_of_timms_pretrained_weights_facts(vit_run, tmp_path):
+    """timm's pretrained_cfg of the architecture names its published weights (`tag: fb_in1k`, a DeiT's;
+    `augreg_in21k_ft_in1k`, a ViT's) and their licence: they describe timm's weights, not the run's."""
+    import timm
+
+    from horst_sparse.vit.export import TIMM_WEIGHTS_FIELDS
+
+    out = tmp_path / "vit"
+    export_run(vit_run[1], out, to="timm")
+    pretrained_cfg = json.loads((out / "config.json").read_text())["pretrained_cfg"]
+    assert not set(TIMM_WEIGHTS_FIELDS) & set(pretrained_cfg), pretrained_cfg
+    assert {"tag", "license"} <= set(TIMM_WEIGHTS_FIELDS)
+    model = timm.create_model(f"local-dir:{out}", pretrained=True)  # still loads the timm way
+    assert model.pretrained_cfg.get("tag") is None and model.pretrained_cfg.get("license") is None

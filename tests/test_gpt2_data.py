@@ -252,6 +252,60 @@ def test_write_tokens_checks_the_count(tmp_path):
     assert not (tmp_path / "x.bin").exists()
 
 
+def test_write_tokens_leaves_no_temporary_file_when_it_fails(tmp_path):
+    with pytest.raises(RuntimeError):
+        write_tokens(tmp_path / "x.bin", [[1, 2, 3]], 4)
+    assert list(tmp_path.iterdir()) == []
+
+
+def _killed_writer(folder: Path) -> int:
+    """The pid of a real `write_tokens` killed (SIGKILL) mid-file, reaped: its `train.bin.<pid>.tmp`
+    stays in `folder`, as a killed prepare_slimpajama.py leaves it."""
+    import subprocess
+    import sys
+    import time
+
+    code = (
+        "import sys, time\n"
+        "from horst_sparse.gpt2.data import write_tokens\n"
+        "def chunks():\n"
+        "    yield [1] * 10\n"
+        "    time.sleep(600)\n"
+        "write_tokens(sys.argv[1], chunks(), 1000)\n"
+    )
+    writer = subprocess.Popen([sys.executable, "-c", code, str(folder / "train.bin")], cwd=Path(__file__).parents[1])
+    tmp = folder / f"train.bin.{writer.pid}.tmp"
+    deadline = time.monotonic() + 120
+    while not tmp.exists() and writer.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    writer.kill()
+    writer.wait()  # reaped: its pid names no process now
+    assert tmp.exists()
+    return writer.pid
+
+
+def test_a_rerun_of_prepare_slimpajama_removes_the_temporary_files_of_killed_writers(tmp_path, capsys):
+    """Before, each kill left a split-sized `train.bin.<pid>.tmp` for good (a rerun writes under its own pid)."""
+    import os
+
+    _slimpajama_like(tmp_path / "src")
+    out = tmp_path / "out"
+    out.mkdir()
+    dead = _killed_writer(out)
+    live = os.getppid()  # a running process that is not this one (which writes its own val.bin.<pid>.tmp)
+    (out / f"val.bin.{live}.tmp").write_bytes(b"\0" * 8)  # a live writer's: kept
+    (out / f"notes.{dead}.tmp").write_text("not a file of this script: kept")
+    script = _load_script()
+    script.main(
+        ["--source", str(tmp_path / "src"), "--out", str(out), "--num-proc", "1", "--cache-dir", str(tmp_path / "c")]
+    )
+
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == f"removed 1 temporary file(s) of writers no longer running: train.bin.{dead}.tmp"
+    assert sorted(p.name for p in out.glob("*.tmp")) == sorted([f"val.bin.{live}.tmp", f"notes.{dead}.tmp"])
+    assert (out / "train.bin").is_file() and (out / "meta.json").is_file()  # then it prepared the folder
+
+
 def test_random_windows_shift_targets_and_shard_one_global_draw():
     tokens = np.arange(1000, dtype=np.uint16)
     single = RandomWindows(tokens, context=16, seed=3)

@@ -14,12 +14,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from conftest import QUIET_ENV, ROOT
+from conftest import QUIET_ENV, ROOT, logged_steps
 
 TINY_GPT2 = [
     "model=gpt2_nano",
@@ -221,3 +223,191 @@ def test_slurm_presets_give_each_task_the_cpus_the_deit_recipe_loads_with(preset
     launcher = yaml.safe_load((ROOT / "configs" / "hydra" / "launcher" / f"{preset}.yaml").read_text())
     recipe = yaml.safe_load((ROOT / "configs" / "vit_recipe" / "deit_imagenet.yaml").read_text())
     assert launcher["cpus_per_task"] >= recipe["data"]["num_workers"] + 1
+
+
+def paste(line: str, env: dict | None = None, timeout: float = 400) -> subprocess.CompletedProcess:
+    """`line` run by bash as a user pastes it at the repository root (`python`: the venv's)."""
+    path = f"{Path(sys.executable).parent}:{(env or os.environ)['PATH']}"
+    environment = {
+        **os.environ,
+        **QUIET_ENV,
+        "PYTHONPATH": str(ROOT),
+        "OMP_NUM_THREADS": "1",
+        **(env or {}),
+        "PATH": path,
+    }
+    return subprocess.run(
+        ["bash", "-c", line], cwd=ROOT, env=environment, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def wait_until(ready, child: subprocess.Popen, timeout: float = 300) -> None:
+    """Until `ready()`, while `child` runs."""
+    deadline = time.time() + timeout
+    while not ready() and child.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    assert child.poll() is None, "the sweep ended before it was signalled"
+
+
+@pytest.mark.slow  # a real multi-process run; make test-all (keeps make test under 10 min on 2 cores)
+def test_ctrl_c_in_a_multirun_prints_the_line_that_continues_the_whole_sweep(tmp_path):
+    """Two cells in one process (Hydra's basic launcher), the second interrupted; the sweep's
+    folder is time-stamped, as by default, and holds `=` and `,`. The printed line, pasted,
+    leaves the finished cell as it is and continues the other from its checkpoint: each cell
+    in one folder, each step once."""
+    steps = [*TINY_VIT, "train.batch_size=32", "train.base_batch_size=32", "train.log_interval=1"]
+    steps = [o for o in steps if not o.startswith(("train.batch_size=256", "train.base_batch_size=256"))]
+    command = [sys.executable, str(ROOT / "train_vit.py"), "-m", "seed=0,1", *steps]
+    command.append(f"hydra.sweep.dir='{tmp_path}/sweep=${{now:%H-%M-%S}},x'")
+    environment = {**os.environ, **QUIET_ENV, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    child = subprocess.Popen(
+        command, cwd=ROOT, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    second = lambda: [logged_steps(d) for d in tmp_path.glob("sweep=*/1_*")]  # noqa: E731
+    try:
+        wait_until(lambda: any(len(s) >= 3 for s in second()), child)
+        child.send_signal(signal.SIGINT)
+        _, stderr = child.communicate(timeout=300)
+    finally:
+        child.kill()
+    assert child.returncode == 3, stderr[-3000:]
+    (sweep,) = tmp_path.glob("sweep=*")
+    line = stderr.split("continue with: ", 1)[1].splitlines()[0]
+    assert " -m " in line and f"hydra.sweep.dir='{sweep}'" in line
+    first, interrupted = sorted(p for p in sweep.iterdir() if p.is_dir() and not p.name.startswith("."))
+    assert (first / "summary.json").is_file() and not (interrupted / "summary.json").exists()
+    (checkpoint,) = interrupted.glob("ckpt_*.pt")
+
+    pasted = paste(line)
+    assert pasted.returncode == 0, pasted.stderr[-3000:]
+    assert f"{first} holds this run, finished" in pasted.stdout and f"resumed from {checkpoint}" in pasted.stdout
+    assert list(tmp_path.glob("sweep=*")) == [sweep]
+    assert sorted(p for p in sweep.iterdir() if p.is_dir() and not p.name.startswith(".")) == [first, interrupted]
+    assert [s["seed"] for s in summaries(sweep).values()] == [0, 1]
+    total = logged_steps(first)[-1]
+    assert logged_steps(first) == logged_steps(interrupted) == list(range(1, total + 1))
+
+
+def test_jobs_file_lists_a_cell_submitted_again_once(tmp_path):
+    """A sweep submitted again into its folder (to continue it) updates its cells' jobs;
+    a sweeper's later batch of other cells is added."""
+    from hydra_plugins.horst_slurm.slurm_launcher import JOBS_FILE, write_jobs_file
+
+    def cells(job: int, nums: range) -> list[dict]:
+        return [
+            {"num": n, "slurm_job_id": f"{job}_{n}", "run_dir": str(tmp_path / f"{n}_cell"), "overrides": [f"seed={n}"]}
+            for n in nums
+        ]
+
+    write = lambda c: write_jobs_file(tmp_path, pipeline="vit", submitit_folder="f/%j", cells=c)  # noqa: E731
+    write(cells(100, range(2)))
+    write(cells(200, range(2)))  # the same command again, into the same folder
+    write(cells(300, range(2, 3)))  # a sweeper's next batch
+    listed = json.loads((tmp_path / JOBS_FILE).read_text())
+    assert [(c["run_dir"], c["slurm_job_id"]) for c in listed["cells"]] == [
+        (str(tmp_path / "0_cell"), "200_0"),
+        (str(tmp_path / "1_cell"), "200_1"),
+        (str(tmp_path / "2_cell"), "300_2"),
+    ]
+    assert listed["pipeline"] == "vit" and listed["submitit_folder"] == "f/%j"
+
+
+@pytest.mark.slow  # a real multi-process run; make test-all (keeps make test under 10 min on 2 cores)
+def test_a_cell_slurm_cancels_names_its_last_checkpoint_and_the_line_that_continues_it(fake_slurm, pydoc_dir, tmp_path):
+    """`scancel` as SLURM does it: SIGTERM to the job's task. The run checkpoints and exits; the
+    launcher records the failed cell with that checkpoint (path and step) and the line that
+    continues it, the one the run printed, which pasted finishes the run; the multirun ends
+    with the line that continues the sweep."""
+    state, env = fake_slurm
+    sweep = tmp_path / "sweep"
+    steps = [o for o in TINY_GPT2 if not o.startswith("train.max_steps=")] + ["train.max_steps=60"]
+    command = [sys.executable, str(ROOT / "train_gpt2.py"), "-m", "hydra/launcher=slurm_1gpu"]
+    command += ["hydra.launcher.gpus_per_node=0", *steps, f"data.dir={pydoc_dir}", f"hydra.sweep.dir={sweep}"]
+    environment = {**os.environ, **QUIET_ENV, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **env}
+    child = subprocess.Popen(
+        command, cwd=ROOT, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    cell = lambda: next(sweep.glob("0_*"), sweep / "none")  # noqa: E731
+    try:
+        wait_until(lambda: len(logged_steps(cell())) >= 3, child)
+        (pid,) = state.glob("*.0.pid")  # the job's one task (one cell: not an array)
+        os.kill(int(pid.read_text()), signal.SIGTERM)
+        _, stderr = child.communicate(timeout=300)
+    finally:
+        child.kill()
+    assert child.returncode == 1, stderr[-3000:]
+    assert "continue the sweep (its finished cells are kept) with: python train_gpt2.py -m " in stderr
+    run_dir = cell()
+    checkpoint = max(run_dir.glob("ckpt_*.pt"))
+    record = json.loads((run_dir / "failed.json").read_text())
+    assert record["checkpoint"] == str(checkpoint) and record["checkpoint_step"] == int(checkpoint.stem.split("_")[1])
+    (log,) = sweep.glob(".submitit/*/*_0_log.err")  # the run's own stderr, on the node
+    assert f"stopped by SIGTERM: checkpoint written; continue with: {record['continue']}\n" in log.read_text()
+
+    pasted = paste(record["continue"], env=env)
+    assert pasted.returncode == 0, pasted.stderr[-3000:]
+    assert f"resumed from {checkpoint}" in pasted.stdout
+    assert logged_steps(run_dir) == list(range(1, 61)) and (run_dir / "summary.json").is_file()
+
+
+# ---- the CPU preset and horst-sweep-status's failed cells (one block: another engineer adds above) ----
+
+
+def test_slurm_cpu_preset_asks_for_one_task_its_cpus_and_memory_and_no_gpu(fake_slurm, tmp_path, monkeypatch):
+    """`hydra/launcher=slurm_cpu`, as submitit writes its sbatch script through the project
+    launcher (the real cluster runs it: tests/test_slurm_cluster.py)."""
+    import yaml
+
+    from horst_sparse.compose import compose
+    from horst_sparse.pipeline import get
+    from hydra_plugins.horst_slurm.slurm_launcher import SlurmLauncher
+
+    monkeypatch.setenv("PATH", fake_slurm[1]["PATH"])  # submitit's SLURM executor looks for srun
+    preset = yaml.safe_load((ROOT / "configs" / "hydra" / "launcher" / "slurm_cpu.yaml").read_text())
+    launcher = compose(get("vit"), ["hydra/launcher=slurm_cpu"], hydra_node=True).hydra.launcher
+    params = {k: launcher[k] for k in launcher if k not in ("_target_", "submitit_folder", "name")}
+    executor = SlurmLauncher(**params, submitit_folder=str(tmp_path / "cpu")).executor()
+    text = executor._executor._make_submission_file_text("python -u -m submitit.core._submit", "uid")
+    for line in ("--ntasks-per-node=1", f"--cpus-per-task={preset['cpus_per_task']}", f"--mem={preset['mem_gb']}GB"):
+        assert f"#SBATCH {line}\n" in text, line
+    assert "--gpus-per-node" not in text and "--gres" not in text
+    assert preset["cpus_per_task"] <= 8 and preset["mem_gb"] <= 8  # fits an ordinary CPU node, and the test cluster's
+
+
+def test_sweep_status_names_a_failed_cells_last_checkpoint_and_the_line_that_continues_it(tmp_path, capsys):
+    """What a failed cell's `failed.json` names of its resumption is printed below its row, as
+    the record has it (`last_checkpoint` {path, step} or `checkpoint` and `checkpoint_step`;
+    `continue`); a record without those fields prints the row alone."""
+    from hydra_plugins.horst_slurm import status
+
+    records = {
+        "0_a": {"last_checkpoint": {"path": "/r/0_a/ckpt_00000040.pt", "step": 40}, "continue": "python x.py a=1"},
+        "1_b": {"checkpoint": "/r/1_b/ckpt_00000007.pt", "checkpoint_step": 7, "continue": "python x.py 'b=a b'"},
+        "2_c": {"checkpoint": None, "checkpoint_step": None, "continue": None},
+        "3_d": {},  # written before the fields existed
+    }
+    cells = []
+    for num, (name, fields) in enumerate(records.items()):
+        (tmp_path / name).mkdir()
+        failed = {"status": "failed", "reason": f"reason {name}", **fields}
+        (tmp_path / name / "failed.json").write_text(json.dumps(failed))
+        cells.append({"num": num, "slurm_job_id": f"9_{num}", "run_dir": str(tmp_path / name), "config": {}})
+    (tmp_path / "4_e").mkdir()
+    (tmp_path / "4_e" / "failed.json").write_text("{")  # cut off as it was written
+    cells.append({"num": 4, "slurm_job_id": "9_4", "run_dir": str(tmp_path / "4_e"), "config": {}})
+    (tmp_path / "jobs.json").write_text(json.dumps({"pipeline": "vit", "submitit_folder": "f/%j", "cells": cells}))
+
+    assert status.main([str(tmp_path)]) == 1
+    assert capsys.readouterr().out.splitlines() == [
+        "0_a  failed   reason 0_a",
+        "    last checkpoint: /r/0_a/ckpt_00000040.pt (step 40)",
+        "    continue: python x.py a=1",
+        "1_b  failed   reason 1_b",
+        "    last checkpoint: /r/1_b/ckpt_00000007.pt (step 7)",
+        "    continue: python x.py 'b=a b'",
+        "2_c  failed   reason 2_c",
+        "    last checkpoint: none (the run starts again from its first step)",
+        "3_d  failed   reason 3_d",
+        "4_e  failed   (no reason readable in its failed.json)",
+        "0 done, 5 failed, 0 running, 0 pending of 5 cells",
+    ]

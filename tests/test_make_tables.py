@@ -96,7 +96,9 @@ def test_a_key_that_changes_the_numbers_splits_the_cell(tmp_path, job_configs, w
     cells = tables.cells(runs.read_runs([tmp_path]).frame)
     assert list(cells.n) == [1, 1]
     wide = tables.wide(cells)
-    assert "setting" in wide.columns and len(wide) == 2  # two rows, each named by its signature
+    epochs = horst["train"]["epochs"]
+    # two rows, each named by the key that differs (not a hash), in the order of its values
+    assert list(wide["setting"]) == sorted([f"train.epochs={epochs}", "train.epochs=7"], key=lambda t: int(t[13:]))
 
 
 def test_a_label_that_is_not_what_ran_is_refused(tmp_path, job_configs, write_run, capsys):
@@ -121,7 +123,7 @@ def test_runs_without_an_arm_are_labelled_by_what_ran(tmp_path, job_configs, wri
     assert set(frame.arm) == {"horst_sm"}
 
 
-def test_failed_and_unfinished_runs_are_listed_and_failed_counts_as_diverged(tmp_path, job_configs, write_run):
+def test_a_diverged_run_counts_in_its_cell_and_an_unfinished_one_is_listed(tmp_path, job_configs, write_run):
     horst = job_configs[("vit", "horst")]
     write_run(tmp_path / "ok", horst, 0.9)
     failed = tmp_path / "failed"
@@ -131,7 +133,7 @@ def test_failed_and_unfinished_runs_are_listed_and_failed_counts_as_diverged(tmp
     unfinished.mkdir()
     (unfinished / "config.yaml").write_text("seed: 2\n")
     found = runs.scan([tmp_path])
-    assert any("failed (exit code 4: loss is nan)" in w for w in found.left_out)
+    assert any("diverged (non-finite loss, exit code 4 at step 3: loss is nan)" in w for w in found.left_out)
     assert any("unfinished" in w for w in found.left_out)
     cell = next(tables.cells(found.frame).itertuples())
     assert (cell.n, cell.diverged) == (1, 1)
@@ -237,3 +239,84 @@ def test_report_reads_one_split(tmp_path, job_configs, write_run):
     frame = runs.read_runs([tmp_path]).frame
     with pytest.raises(runs.NoRunsError, match="no run measured on the test split.*--split"):
         report.select_split(frame, "test")
+
+
+def _make_tables(*arguments) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "scripts/make_tables.py", *map(str, arguments)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_gpt2_columns_come_in_sparsity_order_whatever_sparsities_each_run_had(tmp_path, job_configs, write_run):
+    """Two arms pruned at different sparsities: the columns are dense, 50, 60, 70, 80, 90 %
+    (not the first arm's, then the second's)."""
+    for arm, sparsities in (("adamw", [0.0, 0.5, 0.9]), ("horst", [0.0, 0.6, 0.7, 0.8])):
+        write_run(tmp_path / "runs" / arm, _with(job_configs[("gpt2", arm)], **{"prune.sparsities": sparsities}), 40.0)
+    done = _make_tables(tmp_path / "runs", "--out", tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    header = next(line for line in (tmp_path / "out" / "tables.md").read_text().splitlines() if "| dense |" in line)
+    assert header == "| data | model | arm | dense | 50 % | 60 % | 70 % | 80 % | 90 % | n |"
+
+
+def test_an_alpha_beta_grid_is_one_row_per_setting_named_by_alpha_and_beta(tmp_path, job_configs, write_run):
+    """The README's alpha x beta grid through horst-tables: rows named `optimizer.alpha=..,
+    optimizer.beta=..` in the order of their values, exit 0, the claims not judged in one line."""
+    horst = job_configs[("vit", "horst")]
+    for alpha in (10.0, 3.0):
+        for beta in (0.3, 0.03):
+            for seed in (0, 1):
+                config = _with(horst, seed=seed, **{"optimizer.alpha": alpha, "optimizer.beta": beta})
+                write_run(tmp_path / "runs" / f"a{alpha}_b{beta}_s{seed}", config, 0.9)
+    done = _make_tables(tmp_path / "runs", "--out", tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    settings = list(pd.read_csv(tmp_path / "out" / "vit_top1.csv").setting)
+    assert settings == [
+        "optimizer.alpha=3, optimizer.beta=0.03",
+        "optimizer.alpha=3, optimizer.beta=0.3",
+        "optimizer.alpha=10, optimizer.beta=0.03",
+        "optimizer.alpha=10, optimizer.beta=0.3",
+    ]
+    (claims_line,) = [line for line in done.stdout.splitlines() if line.startswith("claims")]
+    assert claims_line.startswith("claims not judged: these runs are not one study: vit horst ran 4 settings")
+
+
+def test_tuning_trials_are_left_out_unless_asked(tmp_path, job_configs, write_run, compose):
+    """`horst-tables multirun/` leaves out horst-tune's trials (below multirun/tuning/, or whose
+    config sets tune_over, or whose Hydra overrides select hparams_search) and says how many;
+    --tuning includes them; a folder named inside tuning/ is what was asked for."""
+    multirun = tmp_path / "multirun"
+    write_run(multirun / "vit" / "2026-12-01_10-00-00" / "0_run", job_configs[("vit", "adamw")], 0.9)
+    trial = compose("vit", ["+hparams_search=vit_adamw"])  # sets tune_over: its cells are folders of the trial's
+    write_run(multirun / "tuning" / "vit_digits_adamw" / "stamp" / "0" / "acdc.sparsity=0.7", trial, 0.8)
+    elsewhere = multirun / "gpt2" / "2026-12-01_11-00-00" / "0_trial"
+    write_run(elsewhere, compose("gpt2", ["+hparams_search=gpt2_adamw"]), 40.0)
+    (elsewhere / ".hydra").mkdir()
+    (elsewhere / ".hydra" / "overrides.yaml").write_text("- +hparams_search=gpt2_adamw\n- seed=100\n")
+    done = _make_tables(multirun, "--out", tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    assert pd.read_csv(tmp_path / "out" / "runs.csv").run.nunique() == 1
+    assert "2 tuning trial folders" in done.stderr and "--tuning includes them" in done.stderr
+    done = _make_tables(multirun, "--out", tmp_path / "all", "--tuning")
+    assert done.returncode == 0, done.stderr
+    assert pd.read_csv(tmp_path / "all" / "runs.csv").run.nunique() == 3
+    done = _make_tables(multirun / "tuning", "--out", tmp_path / "tuning")
+    assert done.returncode == 0, done.stderr
+    assert pd.read_csv(tmp_path / "tuning" / "runs.csv").run.nunique() == 1
+
+
+def test_claims_none_of_which_is_testable_are_one_line(tmp_path, job_configs, write_run):
+    """Two arms at one seed are one study, judged, but no endpoint has two seeds: one line says
+    so (claims.md still lists every endpoint), not some 40 lines of `not testable`."""
+    for arm in ("adamw", "horst"):
+        write_run(tmp_path / "runs" / arm, job_configs[("vit", arm)], 0.9)
+    done = _make_tables(tmp_path / "runs", "--out", tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    assert "not testable" not in done.stdout
+    assert [line for line in done.stdout.splitlines() if line.startswith("claims")] == [
+        f"claims: none testable on these runs (an endpoint needs two seeds of both arms it compares); "
+        f"{tmp_path / 'out'}/claims.md lists them"
+    ]
+    assert "not testable" in (tmp_path / "out" / "claims.md").read_text()

@@ -225,3 +225,60 @@ def test_deit_cells_with_their_imagenet_are_planned_and_a_missing_dataset_refuse
 def test_flags_other_than_multirun_are_refused():
     with pytest.raises(SystemExit, match="--cfg"):
         plan.main(["train_vit.py", "-m", "--cfg", "job"])
+
+
+# ---- a CPU job on SLURM: one task, its CPUs and memory against the partition's nodes ----------
+
+# `sinfo -h -N -o "%P %c %m"` of a cluster with a default CPU partition of 8-CPU, 16000 MB nodes
+# and a GPU partition of 64-CPU, 512000 MB nodes.
+SINFO = "cpu* 8 16000\ncpu* 8 16000\ngpu 64 512000\n"
+
+
+def test_a_cpu_job_of_the_gpu_preset_is_planned_as_one_task(capsys):
+    """`gpus_per_node=0` with the 4-GPU preset: its `tasks_per_node: ${.gpus_per_node}` is 0, and
+    the launcher submits one task; the plan checks the cells with that one process (it once
+    divided the batch by 0 processes: ZeroDivisionError)."""
+    code, out, err = run_main(
+        capsys, "train_gpt2.py", "-m", "optimizer=adamw,horst", "hydra/launcher=slurm", "hydra.launcher.gpus_per_node=0"
+    )
+    assert code == 0, err
+    assert "with 1 process(es) per job" in out and "x 0 GPU(s), 1 task(s) per node" in out
+    assert "per task: 12 CPU(s), 256 GB; per node (1 task(s)): 12 CPU(s), 256 GB" in out
+
+
+def test_the_plan_prints_cpus_and_memory_per_task_and_warns_where_no_node_has_them():
+    from omegaconf import OmegaConf
+
+    def lines(**launcher) -> list[str]:
+        preset = {"gpus_per_node": 0, "tasks_per_node": 1, "cpus_per_task": 2, "mem_gb": 4, "partition": None}
+        return plan.resources_lines(OmegaConf.create({**preset, **launcher}), SINFO)
+
+    assert lines() == [
+        "  per task: 2 CPU(s), 4 GB; per node (1 task(s)): 2 CPU(s), 4 GB "
+        "(hydra.launcher.cpus_per_task=2, hydra.launcher.mem_gb=4 per node)"
+    ]
+    (_, warning) = lines(cpus_per_task=12, mem_gb=256)
+    assert warning == (
+        "  warning: each job asks 12 CPU(s) and 256 GB per node, more than any node of partition cpu (the default) "
+        "has (8 CPUs and 15.6 GB; sinfo): it would pend forever (PartitionConfig) or be refused; lower "
+        "hydra.launcher.cpus_per_task and hydra.launcher.mem_gb (or use hydra/launcher=slurm_cpu)"
+    )
+    assert lines(mem_gb=16)[1].endswith("; lower hydra.launcher.mem_gb (or use hydra/launcher=slurm_cpu)")
+    # 4 tasks of 12 CPUs, 64 GB each: 48 CPUs and 256 GB per node, which the GPU nodes have
+    assert len(lines(gpus_per_node=4, tasks_per_node=4, cpus_per_task=12, mem_gb=256, partition="gpu")) == 1
+    assert (
+        "per task: 12 CPU(s), 64 GB; per node (4 task(s)): 48 CPU(s), 256 GB"
+        in lines(gpus_per_node=4, tasks_per_node=4, cpus_per_task=12, mem_gb=256, partition="gpu")[0]
+    )
+    assert lines(gpus_per_node=4, tasks_per_node=4, cpus_per_task=12, partition="cpu")[1].endswith(
+        "lower hydra.launcher.cpus_per_task"
+    )  # a GPU job: no CPU preset to suggest
+    assert lines(partition="nope")[1] == "  (not checked against the partition's nodes: sinfo lists no partition nope)"
+    assert lines(mem_gb=None)[0].startswith("  per task: 2 CPU(s), default memory;") and len(lines(mem_gb=None)) == 1
+
+
+def test_the_cpu_preset_is_planned_within_a_cpu_node():
+    entry, config, cells = plan.plan("train_vit.py", ["optimizer=adamw,horst", "hydra/launcher=slurm_cpu"])
+    out = plan.render(entry, config, cells, ["optimizer=adamw,horst", "hydra/launcher=slurm_cpu"], sinfo=SINFO)
+    assert "launcher: slurm_cpu" in out and "x 0 GPU(s), 1 task(s) per node" in out
+    assert "per task: 2 CPU(s), 4 GB" in out and "warning" not in out

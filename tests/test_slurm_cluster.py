@@ -7,7 +7,9 @@ signal; then SLURM's own requeue), a requeue of a finished job.
 Skipped, with the command that starts the cluster, where it is not running (tests/conftest.py).
 
 The jobs are CPU jobs (`hydra.launcher.gpus_per_node=0`: one task, no GPU asked for) of the
-smallest GPT-2; the tests mostly wait on SLURM (a requeued job starts again ~12 s later).
+smallest GPT-2; the tests mostly wait on SLURM (a requeued job starts again ~12 s later). The
+`slurm_cpu` preset runs as it is; the 4-GPU preset as a CPU job asks more CPUs than the node has
+and pends (PartitionConfig), as `horst-plan` warns and `horst-sweep-status` shows.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from conftest import (
     QUIET_ENV,
     ROOT,
@@ -65,13 +69,13 @@ ENV = {**os.environ, **QUIET_ENV, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1
 TIMEOUT = 400
 
 
-def sweep(sweep_dir: Path, *overrides: str) -> subprocess.Popen:
-    """`python train_gpt2.py -m <CPU_JOB> <TINY_GPT2> overrides hydra.sweep.dir=...`, running."""
+def sweep(sweep_dir: Path, *overrides: str, job: Sequence[str] = CPU_JOB) -> subprocess.Popen:
+    """`python train_gpt2.py -m <job> <TINY_GPT2> overrides hydra.sweep.dir=...`, running."""
     command = [
         sys.executable,
         str(ROOT / "train_gpt2.py"),
         "-m",
-        *CPU_JOB,
+        *job,
         *TINY_GPT2,
         *overrides,
         f"hydra.sweep.dir={sweep_dir}",
@@ -310,13 +314,24 @@ def test_submit_and_return_then_status_follows_the_cells(slurm_cluster, pydoc_di
     wait_for(lambda: status().returncode != 3, "every cell to end", every=2)
 
     final = status()
-    rows = {line.split()[0]: line for line in final.stdout.splitlines()[:2]}
+    shown = final.stdout.splitlines()
+    rows = {line.split()[0]: line for line in shown[:-1] if not line.startswith(" ")}  # indented: notes
     assert final.returncode == 1, final.stdout
     assert rows[Path(short["run_dir"]).name].split()[1] == "done"
     assert f"failed   SLURM job {long['slurm_job_id']} ended CANCELLED" in rows[Path(long["run_dir"]).name]
     record = json.loads((Path(long["run_dir"]) / "failed.json").read_text())
     assert record["slurm_state"].startswith("CANCELLED") and record["config"]["train"]["max_steps"] == 2000
     assert "1 done, 1 failed, 0 running, 0 pending of 2 cells" in final.stdout
+    # Below the failed row: its last checkpoint (if SIGTERM's had been written when it was
+    # recorded) and the line that continues it, as its failed.json names them.
+    notes = shown[shown.index(rows[Path(long["run_dir"]).name]) + 1 :][:2]
+    checkpoint = record.get("checkpoint")
+    assert notes[0] == (
+        f"    last checkpoint: {checkpoint} (step {record['checkpoint_step']})"
+        if checkpoint
+        else "    last checkpoint: none (the run starts again from its first step)"
+    )
+    assert notes[1] == f"    continue: {record['continue']}" and record["continue"].startswith("python train_gpt2.py ")
 
     tables = subprocess.run(
         [sweep_status, str(sweep_dir), "--tables", str(tmp_path / "tables")],
@@ -327,3 +342,77 @@ def test_submit_and_return_then_status_follows_the_cells(slurm_cluster, pydoc_di
     )
     assert tables.returncode == 1, tables.stderr[-2000:]
     assert list((tmp_path / "tables").iterdir()), tables.stdout
+
+
+def test_the_cpu_preset_runs_its_cells_and_each_is_printed_as_it_ends(slurm_cluster, pydoc_dir, tmp_path):
+    """`hydra/launcher=slurm_cpu` as it is (one task, its CPUs and memory, no GPU) runs on an
+    8-CPU node; waiting (`wait=true`), the launcher prints each cell as it ends: the short second
+    cell first, while the long first one trains on."""
+    sweep_dir = tmp_path / "sweep"
+    launcher = sweep(sweep_dir, f"data.dir={pydoc_dir}", "train.max_steps=300,4", job=["hydra/launcher=slurm_cpu"])
+    _, stderr = launcher.communicate(timeout=TIMEOUT)
+    assert launcher.returncode == 0, stderr[-3000:]
+    long, short = cells(sweep_dir)
+    assert [line for line in stderr.splitlines() if line.startswith("cell #")] == [
+        f"cell #1 ended done (1 of 2 ended): {short['run_dir']}",
+        f"cell #0 ended done (2 of 2 ended): {long['run_dir']}",
+    ]
+    preset = yaml.safe_load((ROOT / "configs" / "hydra" / "launcher" / "slurm_cpu.yaml").read_text())
+    script = next((sweep_dir / ".submitit").rglob("*_submission.sh")).read_text()
+    for line in ("--ntasks-per-node=1", f"--cpus-per-task={preset['cpus_per_task']}", f"--mem={preset['mem_gb']}GB"):
+        assert f"#SBATCH {line}\n" in script, line
+    assert "--gpus-per-node" not in script
+
+
+def test_a_cpu_job_of_the_gpu_preset_is_planned_with_a_warning_and_shown_pending_with_slurms_reason(
+    slurm_cluster, pydoc_dir, tmp_path
+):
+    """The 4-GPU preset with `gpus_per_node=0`: one task of 12 CPUs, more than the test node's 8.
+    `horst-plan` says what each task asks and warns in one line naming the key to lower;
+    submitted anyway, SLURM queues the job and never starts it, and `horst-sweep-status` shows
+    why (squeue's PartitionConfig) and what to do. (Its 256 GB sbatch refuses outright here.)"""
+    job = ["hydra/launcher=slurm", "hydra.launcher.gpus_per_node=0", "hydra.launcher.mem_gb=2"]
+    arguments = [*job, *TINY_GPT2, f"data.dir={pydoc_dir}", "train.max_steps=4"]
+    bin_dir = Path(sys.executable).parent  # the commands installed beside this Python
+    planned = subprocess.run(
+        [str(bin_dir / "horst-plan"), "train_gpt2.py", "-m", *arguments],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert planned.returncode == 0 and "Traceback" not in planned.stderr, planned.stderr[-3000:]
+    assert "x 0 GPU(s), 1 task(s) per node" in planned.stdout
+    assert "per task: 12 CPU(s), 2 GB; per node (1 task(s)): 12 CPU(s), 2 GB" in planned.stdout
+    (warning,) = [line for line in planned.stdout.splitlines() if "warning:" in line]
+    assert "more than any node of partition debug (the default) has (8 CPUs and 15.6 GB; sinfo)" in warning
+    assert warning.endswith("lower hydra.launcher.cpus_per_task (or use hydra/launcher=slurm_cpu)")
+
+    sweep_dir = tmp_path / "sweep"
+    launcher = sweep(sweep_dir, f"data.dir={pydoc_dir}", "train.max_steps=4", "hydra.launcher.wait=false", job=job)
+    _, stderr = launcher.communicate(timeout=TIMEOUT)
+    assert launcher.returncode == 0 and "Traceback" not in stderr, stderr[-3000:]
+    (cell,) = cells(sweep_dir)
+    job_id = cell["slurm_job_id"]
+    try:
+
+        def pending_for_its_partition() -> list[str] | None:
+            shown = subprocess.run(
+                [str(bin_dir / "horst-sweep-status"), str(sweep_dir)],
+                env=ENV,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert shown.returncode == 3, shown.stderr[-3000:]
+            lines = shown.stdout.splitlines()
+            return lines if lines[0].endswith(f"pending  SLURM job {job_id} PENDING (PartitionConfig)") else None
+
+        lines = wait_for(pending_for_its_partition, "SLURM's reason for the pending job", timeout=60, every=1)
+        assert lines[1].startswith(
+            f"    it will not start: it asks more than the partition's nodes have or allow; `scancel {job_id}`"
+        )
+        assert lines[2] == "0 done, 0 failed, 0 running, 1 pending of 1 cells"
+    finally:
+        subprocess.run(["scancel", job_id], check=True)

@@ -8,10 +8,12 @@ horst_sparse/training/runner.py's `finished_summary`)."""
 from __future__ import annotations
 
 import hashlib
+import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,6 +25,7 @@ from horst_sparse.training.preemption import PREEMPTED_EXIT_CODE
 pytestmark = pytest.mark.usefixtures("quiet_single_threaded")
 
 
+@pytest.mark.slow  # a real multi-process run; make test-all (keeps make test under 10 min on 2 cores)
 def test_sigint_and_sigterm_checkpoint_and_the_same_command_continues_then_changes_nothing(pydoc_dir, tmp_path):
     overrides = tiny_overrides(
         pydoc_dir, "train.max_steps=30", "train.eval_interval=0", "train.checkpoint_interval=0", "train.log_interval=1"
@@ -99,3 +102,35 @@ def test_usr2_hands_over_to_the_requeue_handler_unless_sigterm_came_with_it(sign
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def paste(line: str, **kwargs) -> subprocess.CompletedProcess:
+    """`line` run by bash as a user pastes it at the repository root (`python`: the venv's)."""
+    env = {**_subprocess_env(), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    return subprocess.run(["bash", "-c", line], cwd=ROOT, env=env, capture_output=True, text=True, **kwargs)
+
+
+def test_the_line_printed_at_ctrl_c_runs_when_pasted_into_a_shell(pydoc_dir, tmp_path):
+    """A run folder named after overrides holds `=` and `,` (and here a space): the printed line,
+    pasted as it is, parses in bash and in Hydra and continues the run from its checkpoint."""
+    overrides = tiny_overrides(
+        pydoc_dir, "train.max_steps=30", "train.eval_interval=0", "train.checkpoint_interval=0", "train.log_interval=1"
+    )
+    run_dir = tmp_path / "seed2_experiment=smoke_gpt2,train.max_steps=30 x"
+    command = [sys.executable, str(ROOT / "train_gpt2.py"), *overrides, f"hydra.run.dir='{run_dir}'"]
+    child = subprocess.Popen(
+        command, env=_subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.time() + 300
+    while len(logged_steps(run_dir)) < 3 and child.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    child.send_signal(signal.SIGINT)
+    _, stderr = child.communicate(timeout=120)
+    assert child.returncode == PREEMPTED_EXIT_CODE, stderr[-2000:]
+    line = stderr.split("continue with: ", 1)[1].splitlines()[0]
+    (checkpoint,) = run_dir.glob("ckpt_*.pt")
+
+    pasted = paste(line, timeout=300)
+    assert pasted.returncode == 0, pasted.stderr[-2000:]
+    assert f"resumed from {checkpoint}" in pasted.stdout
+    assert logged_steps(run_dir) == list(range(1, 31)) and (run_dir / "summary.json").is_file()

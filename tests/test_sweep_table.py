@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pandas as pd
 import pytest
 from conftest import ROOT
 
@@ -70,3 +71,59 @@ def test_a_failed_run_makes_its_cell_worst_and_other_settings_are_other_grids(tm
     assert cells.grid.nunique() == 2
     grid = cells[cells.alpha.isin([3.0, 100.0]) & (cells.n == 1)].groupby("grid").filter(lambda g: len(g) == 2)
     assert sweep.pick(grid, higher_is_better=True).alpha == 3.0 and grid[grid.alpha == 100.0].failed.iloc[0] == 1
+
+
+def _sweep_table(*arguments) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "scripts/sweep_table.py", *map(str, arguments)], cwd=ROOT, capture_output=True, text=True
+    )
+
+
+def test_a_cancelled_cell_is_not_scored_and_a_seed_run_twice_counts_once(tmp_path, job_configs, write_run):
+    """A cell SLURM cancelled (failed.json as horst-sweep-status writes it) is listed, not ranked
+    worst; the same alpha, beta and seed run twice is one replicate: [1], not [2] with ± 0.00."""
+    horst = job_configs[("vit", "horst")]
+    write_run(tmp_path / "a" / "3_0.3_s0", _horst(horst, 3.0, 0.3, 0), 0.90)
+    write_run(tmp_path / "b" / "3_0.3_s0", _horst(horst, 3.0, 0.3, 0), 0.90)  # a second sweep, the same cell
+    write_run(tmp_path / "a" / "10_0.3_s0", _horst(horst, 10.0, 0.3, 0), 0.85)
+    record_failed_cell(
+        tmp_path / "a" / "30_0.3_s0",
+        pipeline="vit",
+        reason="SLURM job 7_2 ended CANCELLED by 0 without a summary",
+        exit_code=None,
+        step=None,
+        config=_horst(horst, 30.0, 0.3, 0),
+        slurm_job_id="7_2",
+        slurm_state="CANCELLED by 0",
+    )
+    done = _sweep_table(tmp_path, "--out", tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    text = (tmp_path / "out" / "sweep.md").read_text()
+    assert "| 3 | **90.00 [1]** |" in text and "| 10 | 85.00 [1] |" in text
+    assert "| 30 |" not in text and "not finite (" not in text
+    assert "30_0.3_s0: cancelled (CANCELLED by 0, before it trained); no number" in text
+    assert "one replicate, counted once" in text
+
+
+def test_other_settings_are_grids_named_by_the_keys_that_differ(tmp_path, job_configs, write_run):
+    """Two values of train.epochs are two grids, each titled by its value, not `grid 1`, `grid 2`."""
+    horst = job_configs[("vit", "horst")]
+    for epochs in (6, 8):
+        for alpha in (3.0, 10.0):
+            write_run(tmp_path / f"e{epochs}_a{alpha}", _horst(horst, alpha, 0.3, 0, epochs=epochs), 0.9)
+    done = _sweep_table(tmp_path, "--out", tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    titles = [line for line in (tmp_path / "out" / "sweep.md").read_text().splitlines() if line.startswith("## ")]
+    assert titles == ["## horst (train.epochs=6)", "## horst (train.epochs=8)"]
+
+
+def test_sweep_table_leaves_tuning_trials_out_unless_asked(tmp_path, job_configs, write_run):
+    horst = job_configs[("vit", "horst")]
+    write_run(tmp_path / "vit" / "sweep" / "0", _horst(horst, 3.0, 0.3, 0), 0.9)
+    write_run(tmp_path / "tuning" / "vit_digits_horst" / "0", _horst(horst, 10.0, 0.3, 100), 0.8)
+    done = _sweep_table(tmp_path, "--out", tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    assert list(pd.read_csv(tmp_path / "out" / "sweep.csv").alpha) == [3.0]
+    assert "1 tuning trial folder " in (tmp_path / "out" / "sweep.md").read_text()
+    done = _sweep_table(tmp_path, "--out", tmp_path / "all", "--tuning")
+    assert list(pd.read_csv(tmp_path / "all" / "sweep.csv").alpha) == [3.0, 10.0]

@@ -3,11 +3,13 @@ check that lists every changed setting."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
 import pytest
 import torch
+from conftest import ROOT, _subprocess_env
 from omegaconf import OmegaConf
 
 from horst_sparse.training.checkpoint import CheckpointError, checkpoint_path, save_checkpoint
@@ -158,3 +160,54 @@ def test_a_run_folder_has_one_live_writer(tmp_path):
     tracked(run)
     run.finish({"pruning": {"results": []}})
     assert not (tmp_path / LOCK_FILE).exists()
+
+
+def test_a_corrupt_checkpoint_names_the_one_before_it_and_the_override_that_resumes_from_it(tmp_path):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    run_dir = tmp_path / "seed0_train.lr=0.1,x"  # a folder named after overrides: Hydra must read the path back
+    run = tiny_run(run_dir)
+    tracked(run)
+    run.save(step=1)
+    run.save(step=2)
+    run.close()
+    (run_dir / "ckpt_00000002.pt").write_bytes(b"truncated")
+    with pytest.raises(CheckpointError, match="ckpt_00000002.pt is unreadable") as error:
+        tracked(tiny_run(run_dir))
+    before = run_dir / "ckpt_00000001.pt"
+    assert f"the checkpoint before it is {before}: continue from it with resume=" in str(error.value)
+    override = re.search(r"continue from it with (resume=.*), or start a new run folder", str(error.value)).group(1)
+    resume = OverridesParser.create().parse_override(override).value()
+    assert resume == str(before)
+    _, state = tracked(tiny_run(run_dir, resume=resume))
+    assert state["step"] == 1
+
+
+def test_an_interrupt_names_the_wandb_folders_a_continued_run_keeps(tmp_path, capsys):
+    """Offline, W&B cannot append to a run's folder: the continued run writes the same W&B run
+    into a new one and removes the old. The line printed at the interrupt matches the folder
+    there is after the run continues (expanded by a real shell)."""
+    run = tiny_run(tmp_path, **{"logging.mode": "offline"})
+    tracked(run)
+    with pytest.raises(SystemExit):
+        run.exit_for_requeue(step=1)
+    printed = re.search(r"`wandb sync (.+)` uploads whichever is there", capsys.readouterr().out).group(1)
+    resumed = tiny_run(tmp_path, **{"logging.mode": "offline"})
+    tracked(resumed)
+    kept = resumed.log.offline_dir
+    resumed.close()
+    expanded = subprocess.run(["bash", "-c", f"printf '%s\\n' {printed}"], capture_output=True, text=True, check=True)
+    assert expanded.stdout.splitlines() == [str(kept)] and kept.is_dir()
+
+
+def test_a_misspelt_resume_override_key_is_refused_before_the_run_starts(tmp_path):
+    """`train.lrr` passed the runner's prefix check (`train.lr`) and the run resumed with the
+    checkpoint's value; the entry point's start-up checks (`check_resume_override`) refuse it."""
+    run_dir = tmp_path / "run"
+    command = [sys.executable, str(ROOT / "train_gpt2.py"), "device=cpu", "resume_override=[train.lrr]"]
+    result = subprocess.run(
+        [*command, f"hydra.run.dir={run_dir}"], env=_subprocess_env(), capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "resume_override has train.lrr, which is not a setting; did you mean train.lr?" in result.stderr
+    assert not run_dir.exists()

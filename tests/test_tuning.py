@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 from conftest import ROOT
 
 import horst_sparse.vit.data
@@ -354,7 +355,7 @@ def test_a_tuning_that_cannot_start_still_ends_in_one_line(tmp_path):
             overrides=TINY,
             commit="c0ffee",
             command="pytest",
-            results_dir=tmp_path / "results",
+            out=tmp_path / "picked",  # TINY changes the recipe: the pick may not go to its tuned file
             sweep_dir=tmp_path / "file" / "sweep",
         )
 
@@ -417,3 +418,47 @@ def test_a_trial_scores_the_mean_over_its_cells_and_the_best_are_rerun_at_more_s
     assert pick["trial"] == best.trial and pick["score"] == pytest.approx(rows[rows.trial == best.trial].score.mean())
     assert values["provenance"]["top_k"] == 1 and values["provenance"]["rerun_seeds"] == [101]
     assert "the mean over acdc.sparsity=0.5; acdc.sparsity=0.9" in values["provenance"]["metric"]
+
+
+@pytest.mark.slow  # a real multi-process run; make test-all (keeps make test under 10 min on 2 cores)
+def test_overrides_that_change_the_recipe_never_write_its_picks(tmp_path):
+    """`horst-tune vit horst experiment=smoke_vit` once rewrote the 40-epoch recipe's committed pick
+    with a 4-epoch one: overrides that change what the recipe trains are refused, naming them,
+    unless the pick goes elsewhere (--out) or nowhere (--dry-run); where and how fast it runs is fine."""
+    with pytest.raises(
+        tuning.TuningError, match=r"experiment=smoke_vit, train.epochs=4 change the recipe's training.*--out"
+    ):
+        tuning.prepare("vit", "horst", trials=2, overrides=["experiment=smoke_vit", "train.epochs=4", "cpu_threads=1"])
+    planned = tuning.prepare(
+        "vit", "horst", trials=2, overrides=["vit_recipe=mnist1d", "cpu_threads=1", "logging.mode=disabled",
+                                             "hydra/launcher=joblib", "seed=101", "data.root=/tmp/elsewhere"]
+    )  # fmt: skip
+    assert planned.recipe == "mnist1d"
+
+    def status() -> str:
+        return subprocess.run(
+            ["git", "status", "--porcelain", "configs", "results"], cwd=ROOT, capture_output=True, text=True
+        ).stdout
+
+    before = status()
+    out = tmp_path / "picked"
+    values = tuning.tune("vit", "adamw", trials=1, overrides=TINY, commit="c0ffee", command="pytest", out=out,
+                         sweep_dir=tmp_path / "sweep")  # fmt: skip
+    assert yaml.safe_load((out / "adamw.yaml").read_text())["base_lr"] == values["base_lr"]
+    assert len(pd.read_csv(out / "tuning.csv")) == 1
+    dry = tuning.tune("vit", "adamw", trials=1, overrides=TINY, commit="c0ffee", command="pytest", dry_run=True,
+                      sweep_dir=tmp_path / "sweep")  # the same trial, finished: nothing reruns  # fmt: skip
+    assert dry["base_lr"] == values["base_lr"]
+    assert status() == before  # the repository's picks and records untouched
+
+
+def test_untracked_files_under_configs_make_the_tree_dirty(tmp_path):
+    git = ["git", "-C", str(tmp_path)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "a.yaml").write_text("a: 1\n")
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "a"], check=True)
+    (tmp_path / "configs" / "mine.yaml").write_text("b: 2\n")
+    with pytest.raises(tuning.TuningError, match=r"uncommitted changes \(\?\? configs/mine.yaml"):
+        tuning.require_clean_tree(tmp_path, tuning=("vit", "horst"))

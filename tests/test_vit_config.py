@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 from horst_sparse.compose import ComposeError, compose
 from horst_sparse.paths import CONFIGS
 from horst_sparse.pipeline import get
-from horst_sparse.training.config import ConfigError
+from horst_sparse.training.config import ConfigError, check_resume_override
 from horst_sparse.vit.config import acdc_schedule, scaled_lr, validate
 
 
@@ -108,3 +108,34 @@ def test_alpha_beta_defaults_are_the_sweep_picks(optimizer):
     assert (cfg.optimizer.alpha, cfg.optimizer.beta) == (picked.alpha, picked.beta)
     cell = _compose(f"optimizer={optimizer}", "experiment=deit_small_acdc_s80")
     assert (cell.optimizer.alpha, cell.optimizer.beta) == (imagenet.alpha, imagenet.beta)
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("optimizer.lr_=1e-3", "optimizer.lr_ is not an optimizer setting: the learning rate is train.base_lr (> 0)"),
+        ("optimizer.lr=-1e-3", "optimizer.lr is not an optimizer setting: the learning rate is train.base_lr (> 0)"),
+        (
+            "optimizer=ham optimizer.max_nrom=1",
+            "optimizer=ham (horst.HAM): optimizer.max_nrom is not a setting of the class "
+            "(did you mean optimizer.max_norm?); fix the optimizer.* setting",
+        ),
+        (
+            "resume_override=[train.lr]",
+            "resume_override has train.lr, which is not a setting; the learning rate is train.base_lr",
+        ),
+    ],
+)
+def test_a_vit_lr_key_anywhere_else_names_train_base_lr(override, message):
+    """ViT's learning rate is train.base_lr (scaled by the batch size): an lr key under optimizer or in
+    resume_override is refused in one line that names it."""
+    import re
+
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+        validate(_compose(*override.split()), world_size=1)
+
+
+def test_vit_resume_override_takes_its_own_keys():
+    cfg = _compose("resume_override=[train.base_lr,train.min_lr,optimizer.alpha]")
+    check_resume_override(cfg)
+    validate(cfg, world_size=1)

@@ -282,8 +282,11 @@ def write_report(
     left_out: list[str] = (),
     source: str = "",
     intro: str = "",
+    unjudged: str = "",
 ) -> str:
-    """Write the folder's files, README.md last (`intro`, then the headline); return claims.md's text."""
+    """Write the folder's files, README.md last (`intro`, then the headline); return claims.md's text.
+    `unjudged`: why the runs are no study to judge (`horst-tables` over a sweep): no paired.md,
+    claims.md or headline.md, and README.md says why; returns ''."""
     rules = rules or claims.load_rules()
     split = split or rules["split"]
     frame = select_split(frame, split)
@@ -301,7 +304,9 @@ def write_report(
     text = tables_markdown(cells, split)
     if left_out:
         text += (
-            f"\n### Run folders not in the tables ({len(left_out)})\n\n" + "\n".join(f"- {w}" for w in left_out) + "\n"
+            f"\n### Run folders left out, counted once or counted as diverged ({len(left_out)})\n\n"
+            + "\n".join(f"- {w}" for w in left_out)
+            + "\n"
         )
     (out / "tables.md").write_text(text)
     for pipeline, metric, group in tabulated(cells):
@@ -317,19 +322,22 @@ def write_report(
                 right=len(wide.columns) - tables.label_columns(wide),
             )
         )
-    paired = comparisons(frame, rules)
-    if not paired.empty:
-        tables.write_csv(_ratio_csv(paired), out / "paired.csv")
-        (out / "paired.md").write_text(paired_markdown(paired, rules["confidence"]))
-    judgement = claims.judge(frame, rules)
-    verdicts = claims.verdicts(judgement, rules)
-    tables.write_csv(
-        verdicts.merge(_ratio_csv(judgement), on="claim").drop(columns=["sign", "text"]), out / "claims.csv"
-    )
-    claims_md = claims_markdown(judgement, verdicts, rules, split)
-    (out / "claims.md").write_text(claims_md)
-    headline = headline_markdown(judgement, verdicts, split, source or str(out), rules)
-    (out / "headline.md").write_text(headline)
+    if not unjudged:
+        paired = comparisons(frame, rules)
+        if not paired.empty:
+            tables.write_csv(_ratio_csv(paired), out / "paired.csv")
+            (out / "paired.md").write_text(paired_markdown(paired, rules["confidence"]))
+        judgement = claims.judge(frame, rules)
+        verdicts = claims.verdicts(judgement, rules)
+        tables.write_csv(
+            verdicts.merge(_ratio_csv(judgement), on="claim").drop(columns=["sign", "text"]), out / "claims.csv"
+        )
+        claims_md = claims_markdown(judgement, verdicts, rules, split)
+        (out / "claims.md").write_text(claims_md)
+        headline = headline_markdown(judgement, verdicts, split, source or str(out), rules)
+        (out / "headline.md").write_text(headline)
+    else:
+        claims_md, headline = "", f"{unjudged}\n"
     caveat = "; one seed: an illustration, not evidence" if frame.seed.nunique() == 1 else ""
     if (frame.metric == "top1").any():
         figures.metric_figure(
@@ -371,19 +379,24 @@ def write_report(
     intro += (
         f"\n{frame.run.nunique()} runs ({', '.join(f'{p}: {n}' for p, n in frame.drop_duplicates('run').pipeline.value_counts().items())}) "
         f"from commit(s) {', '.join(f'`{c}`' for c in commits)}. Files: tables.md (each table also as "
-        "<pipeline>_<metric>.csv and .tex), paired.md/.csv, claims.md/.csv (verdicts and the power table), headline.md, the figures.\n\n"
+        + (
+            "<pipeline>_<metric>.csv and .tex), the figures.\n\n"
+            if unjudged
+            else "<pipeline>_<metric>.csv and .tex), paired.md/.csv, claims.md/.csv (verdicts and the power table), headline.md, the figures.\n\n"
+        )
     )
     (out / "README.md").write_text(intro + headline)
     return claims_md
 
 
-def load(sources: list[str]) -> tuple[pd.DataFrame, dict[str, Path], list[str]]:
-    """Record files (`*.csv`) and run folders into one frame; a run in both counts as its folder says."""
+def load(sources: list[str], *, tuning: bool = True) -> tuple[pd.DataFrame, dict[str, Path], list[str]]:
+    """Record files (`*.csv`) and run folders into one frame; a run in both counts as its folder says.
+    `tuning`: tuning trials' run folders too (`horst_sparse.analysis.runs.tuning_trial`)."""
     from horst_sparse.analysis.runs import read_record, scan
 
     records = [s for s in sources if s.endswith(".csv")]
     dirs = [s for s in sources if not s.endswith(".csv")]
-    found = scan(dirs) if dirs else None
+    found = scan(dirs, tuning=tuning) if dirs else None
     parts = [read_record(records)] if records else []
     if found is not None and not found.frame.empty:
         parts = [p[~p.run.isin(found.frame.run)] for p in parts] + [found.frame]
@@ -395,6 +408,41 @@ def load(sources: list[str]) -> tuple[pd.DataFrame, dict[str, Path], list[str]]:
     return pd.concat(parts, ignore_index=True), (found.folders if found else {}), (found.left_out if found else [])
 
 
+STUDY_KEYS = ["pipeline", "arm", "eval_split", "metric", "method", "pattern", "sparsity", "seed"]
+
+
+def not_one_study(frame: pd.DataFrame) -> str:
+    """'' where the runs are one study (each arm ran one setting at each cell and seed: the claims
+    compare arms seed by seed), else the line that says why their claims are not judged."""
+    counts = frame.groupby(STUDY_KEYS, dropna=False)["signature"].nunique()
+    if counts.empty or counts.max() <= 1:
+        return ""
+    several = counts[counts > 1].index.to_frame(index=False)[["pipeline", "arm"]].drop_duplicates()
+    pipeline, arm = several.iloc[0]
+    named = tables.settings(frame[(frame.pipeline == pipeline) & (frame.arm == arm)])
+    places = named[["data", "model"]].drop_duplicates()
+    shown = "; ".join(
+        " ".join(filter(None, [f"{r.data} {r.model}" if len(places) > 1 else "", r.setting]))
+        for r in named.sort_values(["data", "model", "setting_rank"]).itertuples()
+    )
+    more = f" (and {len(several) - 1} more arm{'s' * (len(several) > 2)} likewise)" if len(several) > 1 else ""
+    return (
+        f"claims not judged: these runs are not one study: {pipeline} {arm} ran {len(named)} settings at the same "
+        f"seeds ({shown}){more}, and a claim compares arms run alike seed by seed; pass one study's runs to judge it"
+    )
+
+
+def _claims_line(out: Path, text: str) -> str:
+    """What horst-tables prints of the claims: claims.md where an endpoint was testable, else one line."""
+    verdicts = set(pd.read_csv(out / "claims.csv")["verdict"])
+    if verdicts <= {claims.NOT_TESTED}:
+        return (
+            "claims: none testable on these runs (an endpoint needs two seeds of both arms it compares); "
+            f"{out}/claims.md lists them"
+        )
+    return text
+
+
 def tables_main(argv: list[str] | None = None) -> None:
     """`horst-tables` (scripts/make_tables.py): Tables and figures of any runs (horst_sparse.analysis.report), e.g. a sweep's:
 
@@ -402,7 +450,11 @@ def tables_main(argv: list[str] | None = None) -> None:
 
     Every folder below the given ones with `config.yaml` and `summary.json` is a finished run;
     runs that differ only in their seed and in keys that change no number
-    (horst_sparse/training/no_effect.py) are the seeds of one cell. Failed and unfinished folders are listed.
+    (horst_sparse/training/no_effect.py) are the seeds of one cell; an arm's settings (a sweep's) are
+    rows named by the keys that differ (`train.epochs=6`); the same settings and seed twice count
+    once. Diverged runs count in their cell as `[diverged k]`; failed, cancelled and unfinished
+    ones are listed; tuning trials are left out (--tuning includes them). The claims are judged
+    only where the runs are one study (one setting per arm and seed).
     """
     main(argv, study=False)
 
@@ -423,11 +475,13 @@ def study_report_main(argv: list[str] | None = None) -> None:
 
 def main(argv: list[str] | None, *, study: bool) -> None:
     """The command line of horst-study-report (`study`: the rules' split by default) and
-    horst-tables (the split the runs have)."""
+    horst-tables (the split the runs have; failed and cancelled runs, repeats of a run's
+    settings and seed and, unless --tuning, tuning trials left out and listed; the claims
+    judged only where the runs are one study)."""
     import argparse
     import sys
 
-    from horst_sparse.analysis.runs import write_record
+    from horst_sparse.analysis.runs import results, write_record
 
     doc = (study_report_main if study else tables_main).__doc__ or ""
     parser = argparse.ArgumentParser(
@@ -444,16 +498,33 @@ def main(argv: list[str] | None, *, study: bool) -> None:
         + ("horst_sparse/analysis/claims.yaml's" if study else "the one the runs have")
         + ")",
     )
+    if not study:
+        parser.add_argument(
+            "--tuning",
+            action="store_true",
+            help="include tuning trials (below a tuning/ folder, or setting tune_over or hparams_search)",
+        )
     args = parser.parse_args(argv)
+    unjudged = ""
     try:
-        frame, folders, left_out = load(args.sources)
+        frame, folders, left_out = load(args.sources, tuning=study or args.tuning)
+        if not study:
+            frame, repeats = results(frame)
+            left_out = left_out + repeats
+            if frame.empty:
+                raise NoRunsError(
+                    f"no finished run in {', '.join(args.sources)}" + "".join(f"; {w}" for w in left_out[:5])
+                )
         splits = sorted(frame.eval_split.unique())
         split = args.split or (None if study else splits[0] if len(splits) == 1 else None)
         if split is None and not study:
             raise NoRunsError(f"the runs are measured on several splits ({', '.join(splits)}): choose one with --split")
+        if not study:
+            unjudged = not_one_study(frame[frame.eval_split == split])
         line = " ".join(
             ["horst-study-report" if study else "horst-tables", *args.sources, "--out", args.out]
             + (["--split", args.split] if args.split else [])
+            + (["--tuning"] if not study and args.tuning else [])
         )
         text = write_report(
             frame,
@@ -463,10 +534,15 @@ def main(argv: list[str] | None, *, study: bool) -> None:
             left_out=left_out,
             source=", ".join(args.sources),
             intro=f"# Results\n\nWritten by `{line}` (horst_sparse.analysis.report).\n",
+            unjudged=unjudged,
         )
     except (NoRunsError, ValueError) as error:
         sys.exit(f"error: {error}")
     if folders:
         write_record(frame, Path(args.out) / "runs.csv")
-    print(text)
+    if study:
+        print(text)
+    else:
+        print((Path(args.out) / "tables.md").read_text())
+        print(unjudged or _claims_line(Path(args.out), text))
     print(f"written to {args.out}/")

@@ -13,8 +13,13 @@ recorded; runs from before `arm` existed: the optimizer, `_sm` for HORST's order
 without the seed, the label, the table's column keys and `horst_sparse.training.no_effect.NO_EFFECT`:
 runs with one signature are the seeds of one cell), `metric` (`top1` in %, `ppl`), `method`
 (`acdc`; GPT-2: `none` for the dense model, `magnitude`, `wanda`), `pattern`, `sparsity`,
-`value` (NaN where the run diverged), `wall_time_s`, and where the run recorded them, the machine
-it ran on: `host`, `cpu` and `cpu_threads` (torch's intra-op threads).
+`value` (NaN where the run diverged), `wall_time_s`, `status` (`done`; from `failed.json`:
+`diverged` (a non-finite loss, exit code 4), `cancelled` (by SLURM) or `failed`: their numbers are NaN;
+record rows have none) and where the run recorded them, the machine it ran on: `host`, `cpu` and
+`cpu_threads` (torch's intra-op threads).
+
+A folder with `config.yaml` alone is unfinished (running, killed or preempted) unless its log shows a
+non-finite loss; tuning trials (`tuning_trial`) are left out unless asked for.
 """
 
 from __future__ import annotations
@@ -41,6 +46,10 @@ ARMS = CONFIGS / "arm"
 # Not in a signature besides NO_EFFECT: the replicate, the label, the table's column keys.
 NOT_SIGNATURE = ("seed", "arm", "acdc.sparsity", "prune")
 UNRECORDED = "unrecorded"  # the signature of a record row whose run's config was not recorded
+# horst_sparse.training.runner.NON_FINITE_EXIT_CODE (importing it would import torch): a run that diverged
+DIVERGED_EXIT_CODE = 4
+# What a run of a cell is: one run of its settings at one seed (a repeat of both is one replicate)
+REPLICATE = ["pipeline", "data", "model", "arm", "signature", "eval_split", "seed"]
 RECORD_COLUMNS = [
     "run",
     "pipeline",
@@ -138,7 +147,7 @@ def _model(pipeline: str, model: dict[str, Any]) -> str:
 
 def _values(record: dict[str, Any]) -> list[dict[str, Any]]:
     """(metric, method, pattern, sparsity, value) of a run's numbers, as its pipeline wrote them
-    into summary.json (a failed run's failed.json: value None, counted as diverged)."""
+    into summary.json (a failed run's failed.json: value None, NaN here; `status` says why)."""
     if "numbers" in record:
         return [
             {
@@ -223,42 +232,111 @@ def _shown(path: Path, base: Path) -> str:
         return str(path)
 
 
-def scan(dirs: Sequence[str | Path], *, base: Path | None = None, arms: Path = ARMS) -> Found:
+def tuning_trial(folder: Path, root: Path, config: Any) -> bool:
+    """Whether a run folder found below `root` is a tuning trial (horst-tune's, horst_sparse.study.tuning)
+    that was not asked for: below a `tuning/` folder inside `root` (horst-tune's sweeps go to
+    multirun/tuning/), its config sets `tune_over`, or the Hydra overrides of its folder or of one
+    above it (a trial's cells are folders inside the trial's) select `hparams_search`. Never where
+    `root` is itself inside a `tuning/` folder: the folder named is what is asked for."""
+    if "tuning" in root.resolve().parts:
+        return False
+    inside = folder.relative_to(root).parts[:-1] if folder != root else ()
+    if "tuning" in inside or (isinstance(config, dict) and config.get("tune_over")):
+        return True
+    for above in [folder, *folder.parents]:
+        overrides = above / ".hydra" / "overrides.yaml"
+        if overrides.is_file():
+            try:
+                chosen = yaml.safe_load(overrides.read_text()) or []
+            except yaml.YAMLError:
+                chosen = []
+            if any(str(o).lstrip("+~").startswith("hparams_search") for o in chosen):
+                return True
+        if above == root:
+            break
+    return False
+
+
+def _metrics(folder: Path) -> list[dict[str, Any]]:
+    """The run log's whole records (a line cut short by a kill aside)."""
+    path = folder / "metrics.jsonl"
+    records = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def _ended(record: dict[str, Any], folder: Path) -> tuple[str, str]:
+    """(status, words) of a `failed.json`: diverged (a non-finite loss or weights: the runner's
+    exit code 4), cancelled (SLURM cancelled the job, before it trained or on the way), or failed."""
+    reason = str(record.get("reason") or "?").splitlines()[0]
+    step = record.get("step")
+    state = str(record.get("slurm_state") or "")
+    if record.get("exit_code") == DIVERGED_EXIT_CODE:
+        at = f" at step {step}" if step is not None and "step" not in reason else ""
+        return (
+            "diverged",
+            f"diverged (non-finite loss, exit code {DIVERGED_EXIT_CODE}{at}: {reason}); counted in its cell as diverged",
+        )
+    if state.startswith("CANCELLED"):
+        steps = [r["step"] for r in _metrics(folder) if "step" in r]
+        when = f"after step {steps[-1]}" if steps else "before it trained"
+        return "cancelled", f"cancelled ({state}, {when}); no number"
+    return "failed", f"failed (exit code {record.get('exit_code')}: {reason}); no number"
+
+
+def _unfinished(folder: Path) -> str:
+    """Why a folder with config.yaml alone has no summary: diverged where the runner set a
+    checkpoint aside as `*.diverged` (the weights that gave a non-finite loss: a single run that
+    diverges writes no failed.json), else running, killed or preempted."""
+    if any(folder.glob("*.diverged")):
+        return f"diverged (a checkpoint set aside as *.diverged; no {FAILED}, so its cell does not count it)"
+    return f"unfinished ({CONFIG} but no {SUMMARY} or {FAILED}: running, killed or preempted)"
+
+
+def scan(dirs: Sequence[str | Path], *, base: Path | None = None, arms: Path = ARMS, tuning: bool = True) -> Found:
     """Every run folder below `dirs` (hidden folders, Hydra's `.hydra/` and submitit's, aside);
-    arms are checked against their files in `arms`."""
+    arms are checked against their files in `arms`; tuning trials (`tuning_trial`) only where
+    `tuning` (the tables leave them out unless asked)."""
     base = base or Path.cwd()
     missing = [str(d) for d in dirs if not Path(d).is_dir()]
     if missing:
         raise NoRunsError(f"no such folder: {', '.join(missing)}")
-    folders = sorted(
-        {
-            p.parent
-            for d in dirs
-            for name in (SUMMARY, FAILED, CONFIG)
-            for p in Path(d).rglob(name)
-            if not any(part.startswith(".") for part in p.relative_to(d).parts[:-1])
-        }
-    )
+    roots: dict[Path, Path] = {}  # folder -> the first of `dirs` it was found in
+    for d in map(Path, dirs):
+        for name in (SUMMARY, FAILED, CONFIG):
+            for p in d.rglob(name):
+                if not any(part.startswith(".") for part in p.relative_to(d).parts[:-1]):
+                    roots.setdefault(p.parent, d)
     rows: list[dict[str, Any]] = []
     found = Found(pd.DataFrame())
-    for folder in folders:
+    trials = 0
+    for folder in sorted(roots):
         run = _shown(folder, base)
         try:
             config = _read(folder / CONFIG) if (folder / CONFIG).is_file() else None
-            if (folder / FAILED).is_file():  # its numbers count as diverged: a cell says so, a sweep ranks it worst
+            if (folder / FAILED).is_file():  # its numbers are NaN: `status` says why
                 summary = _read(folder / FAILED)
                 config = summary.get("config") or config
-                reason = str(summary.get("reason") or "?").splitlines()[0]
-                found.left_out.append(
-                    f"{run}: failed (exit code {summary.get('exit_code')}: {reason}); counted as diverged"
-                )
+                status, words = _ended(summary, folder)
                 values = _values(summary)
             elif (folder / SUMMARY).is_file():
-                summary = _read(folder / SUMMARY)
+                summary, status, words = _read(folder / SUMMARY), "done", ""
                 values = _values(summary) + _weight_values(folder)
             else:
-                found.left_out.append(f"{run}: unfinished ({CONFIG} but no {SUMMARY}: running, killed or preempted)")
+                if not tuning and tuning_trial(folder, roots[folder], config):
+                    trials += 1
+                else:
+                    found.left_out.append(f"{run}: {_unfinished(folder)}")
                 continue
+            if not tuning and tuning_trial(folder, roots[folder], config):
+                trials += 1
+                continue
+            if words:
+                found.left_out.append(f"{run}: {words}")
             if not isinstance(config, dict):
                 found.left_out.append(f"{run}: no {CONFIG} (the record of what ran)")
                 continue
@@ -274,6 +352,7 @@ def scan(dirs: Sequence[str | Path], *, base: Path | None = None, arms: Path = A
                 "git_commit": summary.get("git_commit"),
                 "signature": signature_hash(config),
                 "wall_time_s": summary.get("wall_time_s"),
+                "status": status,
                 **{key: (summary.get("environment") or {}).get(key) for key in MACHINE_COLUMNS},
             }
         except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError) as error:
@@ -282,21 +361,52 @@ def scan(dirs: Sequence[str | Path], *, base: Path | None = None, arms: Path = A
         columns = {f"config.{k}": v for k, v in signature(config).items()}
         rows += [{**identity, **value, **columns} for value in values]
         found.folders[run] = folder
+    if trials:
+        found.left_out.append(
+            f"{', '.join(map(str, dirs))}: {trials} tuning trial folder{'s' * (trials > 1)} (below a tuning/ "
+            "folder, or setting tune_over or hparams_search) left out; --tuning includes them"
+        )
     found.frame = pd.DataFrame.from_records(rows)
     for line in found.left_out:
-        print(f"note: left out {line}", file=sys.stderr)
+        print(f"note: {line}", file=sys.stderr)
     return found
 
 
-def read_runs(dirs: Sequence[str | Path]) -> Found:
+def read_runs(dirs: Sequence[str | Path], *, tuning: bool = True) -> Found:
     """`scan`, with an error naming what to pass where no run finished."""
-    found = scan(dirs)
+    found = scan(dirs, tuning=tuning)
     if found.frame.empty:
         raise NoRunsError(
             f"no finished run (a folder with {SUMMARY} and {CONFIG}) under {', '.join(map(str, dirs))}"
             + "".join(f"; {why}" for why in found.left_out[:5])
         )
     return found
+
+
+def results(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """The rows a table counts and why the others are not: runs that failed or were cancelled
+    measured nothing (a diverged run's NaN counts, as `[diverged k]`); a run of the settings and
+    seed of another (`REPLICATE`: the same cell run twice, e.g. by two sweeps) is one replicate,
+    not two: the newest (the last folder in path order, as Hydra's dated folders sort), finished
+    where one is, counts. Record rows whose config was not recorded are kept as they are."""
+    if "status" in frame:
+        frame = frame[~frame["status"].isin(["failed", "cancelled"])]
+    runs = frame.drop_duplicates("run")
+    runs = runs[runs["signature"] != UNRECORDED]
+    finished = runs.get("status", pd.Series("done", index=runs.index)).fillna("done") == "done"
+    ranked = runs.assign(_finished=finished).sort_values(["_finished", "run"], kind="stable")
+    notes = []
+    dropped = set()
+    for _, group in ranked.groupby(REPLICATE, sort=False, dropna=False):
+        if len(group) > 1:
+            kept = group["run"].iloc[-1]
+            for run in group["run"].iloc[:-1]:
+                dropped.add(run)
+                notes.append(
+                    f"{run}: the settings and seed ({group['seed'].iloc[0]}) of {kept}: one replicate, "
+                    "counted once (as the latter)"
+                )
+    return frame[~frame["run"].isin(dropped)].reset_index(drop=True), sorted(notes)
 
 
 def write_record(frame: pd.DataFrame, path: Path) -> None:

@@ -4,10 +4,13 @@ The score is the pipeline's headline number, as claims.yaml's `cells` names it: 
 pipeline's method and pattern, from the sparsity `from` on (a ratio-scale metric's geometric mean,
 else the mean), better as the metric says: ViT the top-1 (%) of the final sparse model (higher
 is better); GPT-2 the geometric mean of the perplexities after magnitude pruning at sparsities
-of 50 % and more (lower is better: the perplexity a pruned model is used at). A failed or
-diverged run scores NaN and makes its cell worst. A grid is one optimizer and one signature
-apart from alpha and beta: runs that differ in anything else (beyond horst_sparse.training.no_effect) form
-separate grids. Of equal means, the smaller alpha, then the smaller beta wins.
+of 50 % and more (lower is better: the perplexity a pruned model is used at). A diverged run (a
+non-finite loss) scores NaN and makes its cell worst; failed and cancelled runs measured nothing
+and are listed, not scored; a run of the settings and seed of another counts once
+(`horst_sparse.analysis.runs.results`). A grid is one optimizer and one signature apart from alpha
+and beta: runs that differ in anything else (beyond horst_sparse.training.no_effect) form separate
+grids, each named by the keys that differ (`train.epochs=6`). Of equal means, the smaller alpha,
+then the smaller beta wins.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ def scores(frame: pd.DataFrame) -> pd.DataFrame:
         {
             "optimizer": first["optimizer"],
             "grid": grids,
+            "setting": settings(first, grids, grid_keys),
             "alpha": first[GRID_KEYS[0]].astype(float),
             "beta": first[GRID_KEYS[1]].astype(float),
             "seed": first["seed"],
@@ -55,8 +59,23 @@ def scores(frame: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()
 
 
+def settings(first: pd.DataFrame, grids: pd.Series, keys: list[str]) -> pd.Series:
+    """Each run's grid named by the config keys whose values tell an optimizer's grids apart
+    (`train.epochs=6`; '' where the optimizer has one grid)."""
+    labels = pd.Series("", index=first.index, dtype=object)
+    for _, runs in first.groupby("optimizer", sort=False):
+        if grids[runs.index].nunique() < 2:
+            continue
+        differ = [k for k in keys if runs[k].map(tables.value_text).nunique() > 1]
+        labels[runs.index] = [
+            ", ".join(f"{k.removeprefix('config.')}={tables.value_text(v)}" for k, v in zip(differ, row))
+            for row in runs[differ].itertuples(index=False)
+        ]
+    return labels
+
+
 def cells(runs: pd.DataFrame) -> pd.DataFrame:
-    grouped = runs.groupby(["optimizer", "grid", "alpha", "beta"], sort=True)
+    grouped = runs.groupby(["optimizer", "grid", "setting", "alpha", "beta"], sort=True)
     out = (
         grouped["score"]
         .agg(mean=lambda s: s.mean() if s.notna().all() else np.nan, std=lambda s: s.std(ddof=1), n="size")
@@ -86,12 +105,11 @@ def markdown(pipeline: str, grid_cells: pd.DataFrame, command: str) -> str:
     lines = [
         f"# alpha x beta sweep: {pipeline} pipeline",
         "",
-        f"Built by `{command}`. Score: {what}. Cells: mean ± sample std [n runs]; not finite: a run failed or "
+        f"Built by `{command}`. Score: {what}. Cells: mean ± sample std [n runs]; not finite: a run "
         "diverged (the cell counts as worst). Bold: the best cell of each grid.",
         "",
     ]
-    grids = {g: i for i, g in enumerate(grid_cells["grid"].unique())}
-    for (optimizer, grid), group in grid_cells.groupby(["optimizer", "grid"], sort=False):
+    for (optimizer, _, setting), group in grid_cells.groupby(["optimizer", "grid", "setting"], sort=False):
         best = pick(group, higher_is_better=higher)
 
         def text(row, best=best) -> str:
@@ -108,7 +126,7 @@ def markdown(pipeline: str, grid_cells: pd.DataFrame, command: str) -> str:
         table.columns = [f"{b:g}" for b in table.columns]
         table = table.reset_index().rename(columns={"alpha": "alpha \\ beta"})
         table["alpha \\ beta"] = table["alpha \\ beta"].map(lambda a: f"{a:g}")
-        title = f"## {optimizer}" + (f" (grid {grids[grid] + 1})" if len(grids) > 1 else "")
+        title = f"## {optimizer}" + (f" ({setting})" if setting else "")
         lines += [
             title,
             "",
@@ -125,14 +143,16 @@ def main(argv: list[str] | None = None) -> None:
         horst-sweep-table outputs/tuning/vit_* --out results/tuning/vit
         horst-sweep-table outputs/tuning/gpt2_* --out results/tuning/gpt2
 
-    Writes sweep.md (also printed) and sweep.csv (one line per cell) into --out.
+    Writes sweep.md (also printed) and sweep.csv (one line per cell) into --out. Tuning trials
+    below the given folders are left out unless --tuning (or a given folder is itself inside a
+    `tuning/` folder, as above).
     """
     import argparse
     import shlex
     import sys
     from pathlib import Path
 
-    from horst_sparse.analysis.runs import read_runs
+    from horst_sparse.analysis.runs import read_runs, results
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(
@@ -143,15 +163,27 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("run_dirs", nargs="+", help="folders searched recursively for run folders")
     parser.add_argument("--out", required=True, help="folder for sweep.md and sweep.csv")
+    parser.add_argument(
+        "--tuning",
+        action="store_true",
+        help="include tuning trials (below a tuning/ folder, or setting tune_over or hparams_search)",
+    )
     args = parser.parse_args(argv)
     try:
-        frame = read_runs(args.run_dirs).frame
+        found = read_runs(args.run_dirs, tuning=args.tuning)
+        frame, repeats = results(found.frame)
+        if frame.empty:
+            raise NoRunsError(f"no finished run under {', '.join(args.run_dirs)}; " + "; ".join(found.left_out[:5]))
         grid = cells(scores(frame))
     except NoRunsError as error:
         sys.exit(f"error: {error}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     text = markdown(frame.pipeline.iloc[0], grid, shlex.join(["horst-sweep-table", *argv]))
+    notes = found.left_out + repeats
+    if notes:
+        text += f"\n## Run folders not scored, counted once or scored as diverged ({len(notes)})\n\n"
+        text += "".join(f"- {line}\n" for line in notes)
     (out / "sweep.md").write_text(text)
     tables.write_csv(grid, out / "sweep.csv")
     print(text)

@@ -2,7 +2,9 @@
 
 A cell is every run of one (pipeline, data, model, arm, signature, split) at one (metric,
 method, pattern, sparsity): its seeds. Shown as `mean ± sample std` (one run: its value, no
-"± 0"); `n` counts the runs; a run whose number is not finite counts in `[diverged k]`. The
+"± 0"); `n` counts the runs; a run whose number is not finite counts in `[diverged k]`. Where an
+arm ran several settings (a sweep), each is a row named by the config keys that tell them apart
+(`setting`: `train.epochs=6`), in the order of their values; columns go in sparsity order. The
 CSV files keep SIGNIFICANT_DIGITS significant digits (`write_csv`); markdown and LaTeX round each
 number to its metric's decimals, here.
 """
@@ -13,6 +15,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from horst_sparse.analysis.claims import pct
@@ -94,8 +97,62 @@ def column_label(method: str, pattern: str, sparsity: float) -> str:
     return f"{method} {pct(sparsity) if pattern == 'unstructured' else pattern}"
 
 
+SETTING_GROUP = ["pipeline", "data", "model", "arm"]  # the rows of a table an arm's settings tell apart
+
+
+def value_text(value: Any) -> str:
+    """A config value as a setting shows it: `6`, `0.001`, `true`, `[0.5,0.9]`, `null`."""
+    if isinstance(value, tuple):
+        return "[" + ",".join(map(value_text, value)) + "]"
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "null"
+    if isinstance(value, (bool, np.bool_)):
+        return str(bool(value)).lower()
+    if isinstance(value, (float, np.floating)):  # the shortest text that is this number; 6.0 (beside a NaN) as 6
+        text = repr(float(value))
+        return text.removesuffix(".0")
+    return str(value)
+
+
+def value_key(value: Any) -> tuple:
+    """Settings sort by their values: numbers as numbers, then the others as text."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        return (2, value_text(value))
+    return (0, float(value)) if math.isfinite(value) else (1, 0.0)
+
+
+def settings(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per (pipeline, data, model, arm, signature): `setting`, the config keys (the
+    frame's `config.*` columns) whose values tell the arm's settings apart (`train.epochs=6`,
+    `optimizer.alpha=3, optimizer.beta=0.1`; '' where the arm ran one), and `setting_rank`, its
+    place in the order of those values. A record row (no config columns) is `settings <signature>`."""
+    config = [c for c in frame.columns if c.startswith("config.")]
+    rows = []
+    for keys, group in frame.drop_duplicates([*SETTING_GROUP, "signature"]).groupby(
+        SETTING_GROUP, sort=False, dropna=False
+    ):
+        recorded = group[group[config].notna().any(axis=1)] if config else group.iloc[:0]
+        differ = [c for c in config if recorded[c].map(value_text).nunique() > 1]
+        labels = []
+        for values in group.to_dict("records"):
+            if len(group) == 1:
+                labels.append(("", ()))
+            elif values["signature"] not in set(recorded["signature"]) or not differ:
+                labels.append((f"settings {values['signature']}", (3, values["signature"])))
+            else:
+                text = ", ".join(f"{c.removeprefix('config.')}={value_text(values[c])}" for c in differ)
+                labels.append((text, tuple(value_key(values[c]) for c in differ)))
+        ranks = {text: rank for rank, (text, _) in enumerate(sorted(labels, key=lambda t: t[1]))}
+        rows += [
+            dict(zip(SETTING_GROUP, keys), signature=sig, setting=text, setting_rank=ranks[text])
+            for sig, (text, _) in zip(group["signature"], labels)
+        ]
+    return pd.DataFrame(rows, columns=[*SETTING_GROUP, "signature", "setting", "setting_rank"])
+
+
 def cells(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per cell: mean, std, n, diverged, seeds, runs."""
+    """One row per cell: mean, std, n, diverged, seeds, runs; and `setting` after `signature`
+    where an arm ran several settings."""
     grouped = frame.groupby(CELL_KEYS, sort=False, dropna=False)
     # Joined on the cell keys, not placed by position: unstack() sorts the cells, apply() does not.
     stats = (
@@ -106,16 +163,31 @@ def cells(frame: pd.DataFrame) -> pd.DataFrame:
         .reset_index()
     )
     stats[["n", "diverged"]] = stats[["n", "diverged"]].astype(int)
+    if stats.groupby(SETTING_GROUP, dropna=False)["signature"].nunique().max() > 1:
+        named = settings(frame).rename(columns={"setting_rank": "_setting"})
+        stats = stats.merge(named, on=[*SETTING_GROUP, "signature"], how="left")
+        columns = list(stats.columns.drop(["setting", "_setting"]))
+        at = columns.index("signature") + 1
+        stats = stats[columns[:at] + ["setting"] + columns[at:] + ["_setting"]]
+        return order(stats).drop(columns="_setting")
     return order(stats)
+
+
+def _column_rank(frame: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """A column's place: the dense model, then each method's unstructured sparsities, then its patterns."""
+    method = frame["method"].map({"none": 0, "acdc": 1, "magnitude": 1, "wanda": 2}).fillna(3)
+    return method, frame["pattern"] != "unstructured"
 
 
 def order(frame: pd.DataFrame) -> pd.DataFrame:
     rank = frame["arm"].map(lambda a: ARM_ORDER.index(a) if a in ARM_ORDER else len(ARM_ORDER))
-    method = frame["method"].map({"none": 0, "acdc": 1, "magnitude": 1, "wanda": 2}).fillna(3)
+    method, dense = _column_rank(frame)
+    settings = ["_setting"] if "_setting" in frame else []  # an arm's settings in the order of their values
     return (
-        frame.assign(_rank=rank, _method=method, _dense=frame["pattern"] != "unstructured")
+        frame.assign(_rank=rank, _method=method, _dense=dense)
         .sort_values(
-            ["pipeline", "data", "model", "_rank", "arm", "signature", "_method", "_dense", "sparsity"], kind="stable"
+            ["pipeline", "data", "model", "_rank", "arm", *settings, "signature", "_method", "_dense", "sparsity"],
+            kind="stable",
         )
         .drop(columns=["_rank", "_method", "_dense"])
         .reset_index(drop=True)
@@ -134,15 +206,19 @@ def cell_text(row: Any, decimals: int, pm: str = "±") -> str:
 
 
 def wide(table: pd.DataFrame, *, pm: str = "±") -> pd.DataFrame:
-    """One metric's cells as rows (data, model, arm[, setting]) x columns, then `n`."""
+    """One metric's cells as rows (data, model, arm[, setting]) x columns in sparsity order, then `n`."""
     decimals = DECIMALS.get(table["metric"].iloc[0], 2)
+    method, dense = _column_rank(table)
     table = table.assign(
         column=[column_label(*k) for k in zip(table.method, table.pattern, table.sparsity)],
         text=[cell_text(r, decimals, pm) for r in table.itertuples()],
+        _method=method,
+        _dense=dense,
     )
     several = table.groupby(["data", "model", "arm"])["signature"].nunique().max() > 1
-    index = ["data", "model", "arm"] + (["signature"] if several else [])
-    columns = list(dict.fromkeys(table["column"]))
+    label = "setting" if "setting" in table else "signature"
+    index = ["data", "model", "arm"] + ([label] if several else [])
+    columns = list(dict.fromkeys(table.sort_values(["_method", "_dense", "sparsity"], kind="stable")["column"]))
     rows = list(dict.fromkeys(map(tuple, table[index].itertuples(index=False))))
     text = table.pivot_table(index=index, columns="column", values="text", aggfunc="first").reindex(rows)[columns]
     counts = table.pivot_table(index=index, columns="column", values="n", aggfunc="first").reindex(rows)[columns]

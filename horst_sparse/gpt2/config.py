@@ -15,7 +15,9 @@ from horst_sparse.training.config import (
     ConfigError,
     RunConfig,
     check_known_keys,
+    pipeline_lr_key,
     require,
+    run_schema,
     validate_run,
     validate_sparsities,
 )
@@ -104,7 +106,7 @@ def register_configs() -> None:
     """The schemas, and `--help`'s list of this pipeline's presets (the primary config names it)."""
     register_help("gpt2", "train GPT-2 with any optimizer, prune it one-shot, report perplexity after pruning")
     cs = ConfigStore.instance()
-    cs.store(name="schema_gpt2_run", node=GPT2RunConfig)
+    cs.store(name="schema_gpt2_run", node=run_schema(GPT2RunConfig))  # its optimizer section open
     cs.store(group="model", name="schema_gpt2", node=GPT2ModelConfig)
 
 
@@ -142,7 +144,7 @@ def validate(cfg: DictConfig, *, world_size: int) -> None:
         f"data.vocabulary={cfg.data.vocabulary!r} is unknown; use full (GPT-2's 50257 tokens) or corpus",
     )
     require(t.lr > 0, f"train.lr={t.lr} must be positive")
-    check_optimizer(cfg.optimizer, lr=t.lr)
+    check_optimizer(cfg.optimizer, lr=t.lr, lr_key=pipeline_lr_key(cfg))
     require(0 <= t.min_lr <= t.lr, f"train.min_lr={t.min_lr} must be in [0, train.lr={t.lr}]")
     require(t.warmup_lr >= 0, f"train.warmup_lr={t.warmup_lr} must be >= 0")
     require(t.max_steps > 0, f"train.max_steps={t.max_steps} must be positive")

@@ -115,16 +115,46 @@ def write_tokens(path: str | os.PathLike, chunks: Iterable[np.ndarray | list[int
         raise ValueError(f"{path}: no tokens to write")
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # processes preparing one folder side by side
     out = np.memmap(tmp, dtype=np.uint16, mode="w+", shape=(total,))
-    pos = 0
-    for chunk in chunks:
-        chunk = np.asarray(chunk, dtype=np.uint16)
-        out[pos : pos + len(chunk)] = chunk
-        pos += len(chunk)
-    if pos != total:
-        raise RuntimeError(f"{path}: wrote {pos} tokens, expected {total}")
-    out.flush()
-    del out
-    os.replace(tmp, path)
+    try:
+        pos = 0
+        for chunk in chunks:
+            chunk = np.asarray(chunk, dtype=np.uint16)
+            out[pos : pos + len(chunk)] = chunk
+            pos += len(chunk)
+        if pos != total:
+            raise RuntimeError(f"{path}: wrote {pos} tokens, expected {total}")
+        out.flush()
+        del out
+        os.replace(tmp, path)
+    except BaseException:  # an error or Ctrl-C: no partial file left (a killed writer's: `remove_stale_temp_files`)
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def remove_stale_temp_files(folder: str | os.PathLike) -> list[Path]:
+    """Delete the temporary files (`<file>.<pid>.tmp`, `write_tokens`, `write_meta`) that writers left in
+    `folder` when they were killed: those whose pid is no running process here. A live writer's file
+    (its pid running) is kept. Returns the files deleted.
+
+    The pid is this machine's: two machines must not prepare one shared folder at the same time."""
+    stale = []
+    for path in Path(folder).glob("*.tmp"):
+        target, _, pid = path.name.removesuffix(".tmp").rpartition(".")
+        if target not in (*SPLIT_FILES.values(), META_FILE) or not pid.isdigit() or _is_running(int(pid)):
+            continue
+        path.unlink(missing_ok=True)
+        stale.append(path)
+    return stale
+
+
+def _is_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, as another user's
+        return True
+    return True
 
 
 def write_meta(folder: str | os.PathLike, meta: dict) -> None:

@@ -77,13 +77,20 @@ def job_config(cell: Cell) -> Any:
     return config
 
 
+def tasks_per_node(launcher: Any) -> int:
+    """The tasks of one job on each node, as the SLURM launcher submits them: the presets tie
+    them to the GPUs (`${.gpus_per_node}`), and a CPU job (no GPU) is one task, never 0."""
+    tasks = int(launcher.get("tasks_per_node") or 0)
+    return tasks if launcher.get("gpus_per_node") else max(tasks, 1)
+
+
 def world_size(config: Any) -> int:
     """The processes of one job: the launcher's nodes x tasks per node (1: Hydra's basic
     launcher; a torchrun launch is planned per process count by the user)."""
     launcher = config.hydra.launcher
     if "tasks_per_node" not in launcher:
         return 1
-    return int(launcher.get("nodes") or 1) * int(launcher.tasks_per_node)
+    return int(launcher.get("nodes") or 1) * tasks_per_node(launcher)
 
 
 def check(pipeline: Pipeline, cells: list[Cell], *, data: bool = True) -> list[str]:
@@ -174,7 +181,72 @@ def _varying(cells: list[Cell], cell: Cell) -> list[str]:
     return [o for o in cell.overrides if o.split("=", 1)[0] in varying]
 
 
-def launcher_lines(config: Any, cells: list[Cell]) -> list[str]:
+def partition_nodes(partition: str | None, sinfo: str | None = None) -> tuple[str, set[tuple[int, int]]] | str:
+    """(partition, the (CPUs, memory in MB) of its nodes) for `partition` (the default one,
+    marked `*`, where None), from `sinfo -h -N -o "%P %c %m"` (a line per node and partition;
+    `sinfo` gives that text instead of running it); else why that cannot be told, in words."""
+    import subprocess
+
+    if sinfo is None:
+        try:
+            result = subprocess.run(["sinfo", "-h", "-N", "-o", "%P %c %m"], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            return f"sinfo did not answer ({type(error).__name__})"
+        if result.returncode:
+            return f"sinfo failed: {result.stderr.strip() or result.returncode}"
+        sinfo = result.stdout
+    nodes: dict[str, set[tuple[int, int]]] = {}
+    default = None
+    for line in sinfo.splitlines():
+        fields = line.split()
+        if len(fields) != 3:
+            continue
+        name, cpus, memory = fields
+        if name.endswith("*"):
+            name = default = name[:-1]
+        nodes.setdefault(name, set()).add((int(cpus.rstrip("+")), int(memory.rstrip("+"))))
+    name = partition or default
+    if name not in nodes:
+        return f"sinfo lists no partition {name}" if name else "sinfo names no default partition"
+    return name, nodes[name]
+
+
+def resources_lines(launcher: Any, sinfo: str | None = None) -> list[str]:
+    """What one job asks, per task and per node, and a one-line warning where no node of the
+    partition has the CPUs and the memory a job's node needs: SLURM would hold the job pending
+    forever (`PartitionConfig`) or refuse it."""
+    tasks, cpus, mem_gb = tasks_per_node(launcher), launcher.get("cpus_per_task") or 1, launcher.get("mem_gb")
+    task_memory, node_memory = (f"{mem_gb / tasks:g} GB", f"{mem_gb:g} GB") if mem_gb else ("default memory",) * 2
+    lines = [
+        f"  per task: {cpus} CPU(s), {task_memory}; per node ({tasks} task(s)): {tasks * cpus} CPU(s), {node_memory} "
+        f"(hydra.launcher.cpus_per_task={cpus}, hydra.launcher.mem_gb={mem_gb} per node)"
+    ]
+    found = partition_nodes(launcher.get("partition"), sinfo)
+    if isinstance(found, str):
+        return [*lines, f"  (not checked against the partition's nodes: {found})"]
+    partition, nodes = found
+    need_cpus, need_mb = tasks * cpus, (mem_gb or 0) * 1024  # sbatch's GB are 1024 MB; sinfo's memory is in MB
+    if any(c >= need_cpus and m >= need_mb for c, m in nodes):
+        return lines
+    over = [
+        key
+        for key, too_much in (
+            ("hydra.launcher.cpus_per_task", need_cpus > max(c for c, _ in nodes)),
+            ("hydra.launcher.mem_gb", need_mb > max(m for _, m in nodes)),
+        )
+        if too_much
+    ] or ["hydra.launcher.cpus_per_task", "hydra.launcher.mem_gb"]  # each fits some node, both none
+    has = ", ".join(f"{c} CPUs and {m / 1024:.1f} GB" for c, m in sorted(nodes, reverse=True)[:3])
+    lines.append(
+        f"  warning: each job asks {need_cpus} CPU(s) and {node_memory} per node, more than any node of partition "
+        f"{partition}{'' if launcher.get('partition') else ' (the default)'} has ({has}; sinfo): it would pend "
+        f"forever (PartitionConfig) or be refused; lower {' and '.join(over)}"
+        + ("" if launcher.get("gpus_per_node") else " (or use hydra/launcher=slurm_cpu)")
+    )
+    return lines
+
+
+def launcher_lines(config: Any, cells: list[Cell], sinfo: str | None = None) -> list[str]:
     launcher = config.hydra.launcher
     choice = (cells[0].choices if cells else {}).get("hydra/launcher") or "basic"
     target = str(launcher.get("_target_", "?"))
@@ -184,11 +256,12 @@ def launcher_lines(config: Any, cells: list[Cell]) -> list[str]:
         timeout_h = launcher.get("timeout_min", 0) / 60
         lines.append(
             f"  one SLURM job array of {len(cells)} jobs (at most {launcher.get('array_parallelism')} at once); "
-            f"each job {nodes} node(s) x {gpus} GPU(s), {launcher.get('tasks_per_node')} task(s) per node, "
+            f"each job {nodes} node(s) x {gpus} GPU(s), {tasks_per_node(launcher)} task(s) per node, "
             f"time limit {timeout_h:g} h, requeued up to {launcher.get('max_num_timeout')} times on time-out; "
             f"partition {launcher.get('partition')}, account {launcher.get('account')} "
             "(set with hydra.launcher.partition=... hydra.launcher.account=...)"
         )
+        lines += resources_lines(launcher, sinfo)
         per_job = nodes * gpus
         longest = max((c.gpu_hours_max for c in cells if c.gpu_hours_max is not None), default=None)
         if per_job and longest:
@@ -213,8 +286,15 @@ def launcher_lines(config: Any, cells: list[Cell]) -> list[str]:
 
 
 def render(
-    pipeline: Pipeline, config: Any, cells: list[Cell], command: Sequence[str], *, data_checked: bool = True
+    pipeline: Pipeline,
+    config: Any,
+    cells: list[Cell],
+    command: Sequence[str],
+    *,
+    data_checked: bool = True,
+    sinfo: str | None = None,
 ) -> str:
+    """The plan as printed; `sinfo`: the output of `sinfo -h -N -o "%P %c %m"` (None: run it)."""
     params = config.hydra.sweeper.get("params") or {}
     fixed = [o for o in (cells[0].overrides if cells else []) if o not in _varying(cells, cells[0])]
     lines = [
@@ -265,7 +345,7 @@ def render(
     if assumptions:
         lines.append("the range assumes:")
         lines += [f"  - {a}" for a in assumptions]
-    lines += launcher_lines(config, cells)
+    lines += launcher_lines(config, cells, sinfo)
     lines.append("nothing was submitted; to launch, run the command above without scripts/plan.py")
     return "\n".join(lines)
 

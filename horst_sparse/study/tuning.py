@@ -21,6 +21,7 @@ import dataclasses
 import datetime
 import itertools
 import math
+import shutil
 import subprocess
 import sys
 import warnings
@@ -288,11 +289,13 @@ def prepare(
     overrides: Iterable[str] = (),
     config_dir: Path = CONFIGS,
     sweep_dir: Path | None = None,
+    elsewhere: bool = False,
 ) -> Tuning:
     """Compose the tuning's config and check that its pick can reach a run: every searched key
-    reads the arm's tuned file, the seed is a tuning seed, the split is validation. An arm is an
-    optimizer (the runs that select it read its values) or an arm of configs/arm/ with values of
-    its own (`tuned_as: <arm>`, e.g. horst_prunable)."""
+    reads the arm's tuned file, the seed is a tuning seed, the split is validation, and no
+    override changes the recipe's training (unless the pick goes `elsewhere` than the recipe's
+    tuned file). An arm is an optimizer (the runs that select it read its values) or an arm of
+    configs/arm/ with values of its own (`tuned_as: <arm>`, e.g. horst_prunable)."""
     try:
         registered = get_pipeline(pipeline)
     except UnknownPipeline as error:
@@ -311,6 +314,12 @@ def prepare(
         list(overrides)
     )  # a sweep on the command line replaces the YAML's
     searched = {o.key_or_group: o.input_line.split("=", 1)[1] for o in parsed if o.is_sweep_override()}
+    changed = recipe_changes(registered, parsed)
+    if changed and not elsewhere:
+        raise TuningError(
+            f"{', '.join(changed)} change the recipe's training, so the pick would not be the recipe's: "
+            "give --out <folder> to write it there, or drop them (configs/tuned/ holds each recipe's own picks)"
+        )
     with hydra_context(config_dir, job_name="tune"):
         try:
             cfg = compose_in_context(
@@ -364,6 +373,27 @@ def prepare(
         selection(search),
         OmegaConf.to_container(cfg.tune_over, resolve=True) if cfg.get("tune_over") else None,
     )
+
+
+# Overrides a tuning may take without its pick ceasing to be the recipe's: where and how fast it runs
+# (the launcher, threads, logging, data location: horst_sparse.training.no_effect), the recipe itself and
+# the tuning seed (checked: 100 and up).
+RECIPE_NEUTRAL = ("seed", "eval_split")
+
+
+def recipe_changes(pipeline: Pipeline, parsed: Iterable[Any]) -> list[str]:
+    """The overrides (not sweeps) that change what the recipe trains: `train.epochs=4`, `model=...`,
+    `experiment=smoke_vit`."""
+    from horst_sparse.training.no_effect import no_effect
+
+    changed = []
+    for override in parsed:
+        key = override.key_or_group.lstrip("+~")
+        if override.is_sweep_override() or key.startswith("hydra") or key == pipeline.recipe_group:
+            continue
+        if not no_effect(key) and key not in RECIPE_NEUTRAL:
+            changed.append(override.input_line)
+    return changed
 
 
 def selection(search: Path) -> list[str]:
@@ -570,15 +600,18 @@ def write_pick(
     top_k: int = 0,
     protocol: Any = None,
     results_dir: Path = RESULTS,
+    csv: Path | None = None,
+    dry_run: bool = False,
 ) -> dict:
     """The arm's tuned file with the pick and its provenance (the keys outside the search space
-    kept), and the arm's rows of tuning.csv (of this protocol version) replaced."""
+    kept), and the arm's rows of tuning.csv (of this protocol version) replaced; with `dry_run`,
+    the values only (nothing written)."""
     import pandas as pd
 
     chosen = pick(rows, plan.metric, top_k)
     if not math.isfinite(chosen["mean"]):
         raise TuningError(f"every trial of {plan.arm} failed; nothing to pick (see the trial folders)")
-    csv = results_dir / plan.pipeline / plan.recipe / "tuning.csv"
+    csv = csv or results_dir / plan.pipeline / plan.recipe / "tuning.csv"
     values = yaml.safe_load(plan.arm_file.read_text())
     for key in plan.space:
         values[key.rsplit(".", 1)[-1]] = chosen[key]
@@ -610,6 +643,8 @@ def write_pick(
         f"# validation split, written by `{command}` at commit {commit}\n"
         "# (every trial: provenance.tuning_csv). Keys outside the search space are kept from before.\n"
     )
+    if dry_run:
+        return values
     plan.arm_file.write_text(header + yaml.safe_dump(values, sort_keys=False))
     version = None if protocol is None else protocol.version
     frame = pd.DataFrame(
@@ -651,16 +686,35 @@ def tune(
     config_dir: Path = CONFIGS,
     results_dir: Path = RESULTS,
     sweep_dir: Path | None = None,
+    out: Path | None = None,
+    dry_run: bool = False,
 ) -> dict:
     """Prepare, run the trials and the reruns of the top k, write the pick; returns the arm's new
-    tuned values. A tuning stopped early continues in the same `sweep_dir` (finished runs are kept)."""
-    tuning = prepare(pipeline, arm, trials=trials, overrides=overrides, config_dir=config_dir, sweep_dir=sweep_dir)
+    tuned values. A tuning stopped early continues in the same `sweep_dir` (finished runs are kept).
+    The pick goes to the recipe's tuned file and results/tuning/ (configs/ and results/ of this
+    repository: only from the recipe's own settings), or into `out` (`<arm>.yaml`, `tuning.csv`),
+    or nowhere (`dry_run`)."""
+    elsewhere = dry_run or out is not None or Path(config_dir).resolve() != CONFIGS.resolve()
+    tuning = prepare(
+        pipeline,
+        arm,
+        trials=trials,
+        overrides=overrides,
+        config_dir=config_dir,
+        sweep_dir=sweep_dir,
+        elsewhere=elsewhere,
+    )
+    if out is not None:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        copy = Path(out) / f"{arm}.yaml"  # the recipe's file with the pick in it: its other keys kept
+        shutil.copy(tuning.arm_file, copy)
+        tuning = dataclasses.replace(tuning, arm_file=copy)
     folder = run_trials(tuning, config_dir)
     rows = collect(tuning, folder)
     rows += run_reruns(tuning, rows, top_k=top_k, seeds=rerun_seeds, sweep_dir=folder, config_dir=config_dir)
     return write_pick(
         tuning, rows, commit=commit, command=command, top_k=top_k if rerun_seeds else 0, protocol=protocol,
-        results_dir=results_dir,
+        results_dir=results_dir, csv=None if out is None else Path(out) / "tuning.csv", dry_run=dry_run,
     )  # fmt: skip
 
 
@@ -783,6 +837,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--sweep-dir", type=Path, help="the trials' folder (default: a new one); the same again continues a tuning"
     )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="write the pick (<arm>.yaml) and its trials (tuning.csv) into this folder, not configs/tuned/ and "
+        "results/tuning/ (needed where overrides change the recipe's training, e.g. a smoke preset)",
+    )
+    parser.add_argument("--dry-run", action="store_true", help="run the trials and print the pick; write nothing")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of every trial, e.g. hydra/launcher=slurm")
     args = parser.parse_intermixed_args(argv)  # `--trials 8` before or after the overrides
     try:
@@ -802,6 +863,8 @@ def main(argv: list[str] | None = None) -> None:
             overrides=args.overrides,
             protocol=protocol,
             sweep_dir=args.sweep_dir.resolve() if args.sweep_dir else None,
+            out=args.out.resolve() if args.out else None,
+            dry_run=args.dry_run,
             commit=commit,
             command=shlex.join(["python", "scripts/tune.py", *argv]),
         )
@@ -814,7 +877,11 @@ def main(argv: list[str] | None = None) -> None:
             f"configs/hparams_search/ and retune; a study refuses an edge it has not declared",
             file=sys.stderr,
         )
-    print(
-        f"pick: trial {pick['trial']}, {values['provenance']['metric']} {pick['score']:.4g}; "
-        f"written to {values['provenance']['tuning_csv']} and the arm's tuned file"
+    where = (
+        "nothing written (--dry-run)"
+        if args.dry_run
+        else f"written to {values['provenance']['tuning_csv']} and {args.out or 'the arm' + chr(39) + 's tuned file'}"
     )
+    print(f"pick: trial {pick['trial']}, {values['provenance']['metric']} {pick['score']:.4g}; {where}")
+    if args.dry_run:
+        print(yaml.safe_dump({k: v for k, v in values.items() if k != "provenance"}, sort_keys=False), end="")

@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from horst_sparse.training.config import RunError
 from horst_sparse.training.distributed import barrier, is_sharded
+from horst_sparse.training.preemption import hydra_override
 
 _NAME = "ckpt_{step:08d}.pt"
 _SHARDED_NAME = "ckpt_{step:08d}.dcp"  # a DCP folder
@@ -166,10 +167,15 @@ def load_checkpoint(
             state.update(_read_whole(path))
         return state
     except Exception as error:  # torch raises several types for truncated/garbled files
+        earlier = [p for p in list_checkpoints(path.parent) if checkpoint_step(p) < checkpoint_step(path)]
+        fix = (
+            f"the checkpoint before it is {earlier[-1]}: continue from it with {hydra_override('resume', str(earlier[-1]))}"
+            if earlier
+            else "no earlier checkpoint in its folder: delete it to start again"
+        )
         raise CheckpointError(
             f"checkpoint {path} is unreadable (corrupt or truncated: {type(error).__name__}: "
-            f"{str(error).splitlines()[0] if str(error) else ''}); delete it to resume from an earlier "
-            "checkpoint, or start a new run folder"
+            f"{str(error).splitlines()[0] if str(error) else ''}); {fix}, or start a new run folder"
         ) from error
 
 
@@ -196,9 +202,15 @@ def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
     return checkpoints[-1] if checkpoints else None
 
 
+def checkpoint_step(path: str | os.PathLike) -> int:
+    """The step a checkpoint's name carries (`ckpt_00000228.pt`: 228); -1 for another name."""
+    match = _PATTERN.search(Path(path).name)
+    return int(match.group(1)) if match else -1
+
+
 def step_checkpoint(run_dir: str | os.PathLike, step: int) -> Path | None:
     """The checkpoint of `step` in `run_dir` (a file or a DCP folder), if there is one."""
-    return next((p for p in list_checkpoints(run_dir) if int(_PATTERN.search(p.name).group(1)) == step), None)
+    return next((p for p in list_checkpoints(run_dir) if checkpoint_step(p) == step), None)
 
 
 def checkpoint_path(run_dir: str | os.PathLike, step: int, *, sharded: bool = False) -> Path:
@@ -208,13 +220,13 @@ def checkpoint_path(run_dir: str | os.PathLike, step: int, *, sharded: bool = Fa
 
 def resolve_resume(resume: str | None, run_dir: str | os.PathLike) -> Path | None:
     """`auto`: the latest checkpoint in the run folder, if any; `never`/None: start fresh;
-    anything else: a checkpoint file that must exist."""
+    anything else: a checkpoint (a file, or an FSDP2 run's DCP folder) that must exist."""
     if resume in (None, "", "never", "none"):
         return None
     if resume == "auto":
         return latest_checkpoint(run_dir)
     path = Path(resume)
-    if not path.is_file():
+    if not path.exists():
         raise CheckpointError(f"resume={resume}: no such checkpoint file (use resume=auto or resume=never)")
     return path
 

@@ -5,15 +5,18 @@ Values live in the YAML files under `configs/` only. The dataclasses here and in
 pipeline's `config.py` are Hydra schemas that give types and required keys (`MISSING`), not
 defaults: a misspelt key or a string where a number belongs fails at composition. Checks that
 a type cannot express (ranges, choices) raise `ConfigError` before any work. Optimizer
-settings are checked in one place, the optimizer's own constructor (`horst_sparse.training.optim`).
+settings are checked in one place, `horst_sparse.training.optim` (their keys against the class's
+signature, then the class's own constructor); the schema leaves that section open (`run_schema`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import re
 from typing import Any, Iterable, List, Mapping, Optional
 
-from omegaconf import MISSING, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 # `${run_suffix:${hydra:overrides.task}}` in the run folder names (configs/train_*.yaml): "_key=value,..."
 # of the command line's overrides, nothing without any. Left out: the keys the name spells already
@@ -89,10 +92,37 @@ class RunConfig:
     tune_over: Any = None
 
 
+def run_schema(schema: type) -> DictConfig:
+    """`schema` as the ConfigStore node of a pipeline's run config (its `register_configs`), with
+    the `optimizer` section left open.
+
+    Hydra closes every section after composing, so `optimizer.lr_=1e-3` would fail in composition
+    with six lines advising `+optimizer.lr_`. The optimizer's keys are its class's keyword arguments
+    and the class's signature judges them (`horst_sparse.training.optim`): open, the section lets a
+    misspelt key reach that check, which names the closest key in one line."""
+    node = OmegaConf.structured(schema)
+    node.optimizer = {}
+    OmegaConf.set_struct(node.optimizer, False)
+    return node
+
+
+# An optimizer or resume_override key that means a learning rate: its hint is the pipeline's `lr_key`.
+LR_LIKE = re.compile(r"(^|_)lr|learning_?rate", re.IGNORECASE)  # lr, lr_, lrr, base_lr, learning_rate
+
+
+def pipeline_lr_key(cfg: Mapping[str, Any]) -> str | None:
+    """The config key of the learning rate of the pipeline `cfg` belongs to (`Pipeline.lr_key`)."""
+    from horst_sparse.pipeline import UnknownPipeline, of
+
+    try:
+        return of(cfg).lr_key
+    except UnknownPipeline:
+        return None
+
+
 def check_known_keys(node: Mapping[str, Any], schema: type, *, prefix: str = "") -> None:
     """Refuse keys the schema does not have (added with `+`, which Hydra accepts even in a
     typed section), naming the closest real key."""
-    import difflib
     import typing
 
     fields = typing.get_type_hints(schema)
@@ -108,6 +138,30 @@ def check_known_keys(node: Mapping[str, Any], schema: type, *, prefix: str = "")
     for name, kind in fields.items():
         if dataclasses.is_dataclass(kind) and isinstance(node.get(name), Mapping):
             check_known_keys(node[name], kind, prefix=f"{prefix}{name}.")
+
+
+def check_resume_override(cfg: Mapping[str, Any]) -> None:
+    """Refuse a key of `resume_override` that the config does not have, naming the closest one
+    (or, for an lr-like key, the pipeline's learning rate): the runner would change nothing for it
+    and resume with the checkpoint's value."""
+    config = OmegaConf.to_container(cfg, resolve=False) if OmegaConf.is_config(cfg) else cfg
+    for key in config.get("resume_override") or []:
+        node, parts = config, str(key).split(".")
+        for depth, part in enumerate(parts):
+            if isinstance(node, Mapping) and part in node:
+                node = node[part]
+                continue
+            known = [str(k) for k in node] if isinstance(node, Mapping) else []
+            prefix = ".".join(parts[:depth] + [""])
+            close = difflib.get_close_matches(part, known, n=1)
+            lr_key = pipeline_lr_key(config) if LR_LIKE.search(part) else None
+            if close:
+                hint = f"did you mean {prefix}{close[0]}?"
+            elif lr_key:
+                hint = f"the learning rate is {lr_key}"
+            else:
+                hint = f"{prefix.rstrip('.') or 'the config'} has {', '.join(known) or 'no keys'}"
+            raise ConfigError(f"resume_override has {key}, which is not a setting; {hint}")
 
 
 def require(condition: bool, message: str) -> None:
@@ -131,6 +185,7 @@ def validate_run(cfg: Mapping[str, Any]) -> None:
         mode in (None, "online", "offline", "disabled"),
         f"logging.mode={mode!r} is unknown; use online, offline, disabled or null ($WANDB_MODE)",
     )
+    check_resume_override(cfg)
 
 
 def validate_sparsities(sparsities: Iterable[float], *, key: str) -> None:

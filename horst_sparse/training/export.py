@@ -61,10 +61,13 @@ def commits(summary: dict) -> str:
     return f"trained at commit `{trained}`, exported at commit `{git_commit(Path(__file__).parent)}`"
 
 
-def export_run(run_dir: str | Path, out: str | Path, *, to: str, **options: Any) -> dict:
-    """Export the run folder's model in the `to` format (its pipeline's own export)."""
+def export_run(run_dir: str | Path, out: str | Path, *, to: str, force: bool = False, **options: Any) -> dict:
+    """Export the run folder's model in the `to` format (its pipeline's own export). A folder `out`
+    that holds files is refused unless `force` (then its files of the same names are replaced)."""
     from horst_sparse.pipeline import UnknownPipeline, get
 
+    if not force and Path(out).exists() and (not Path(out).is_dir() or any(Path(out).iterdir())):
+        raise RunError(f"{out} exists and is not empty; choose a new folder, or pass --force to write over it")
     run = read_run(run_dir)
     try:
         pipeline = get(run.pipeline)
@@ -97,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     preprocessing, so `timm.data.resolve_data_config(model=model)` + `create_transform` give the
     run's top-1. `--sparsity` does not apply.
 
+    OUT must be a new or empty folder; `--force` writes into one that holds files.
+
     Each pipeline's export is its own (`horst_sparse/gpt2/export.py`, `horst_sparse/vit/export.py`) over
     the shared run-folder reader (`horst_sparse/training/export.py`).
     """
@@ -125,10 +130,21 @@ def main(argv: list[str] | None = None) -> int:
         "--method", default="magnitude", choices=("magnitude", "wanda"), help="GPT-2 (default magnitude)"
     )
     parser.add_argument("--pattern", default="unstructured", help="GPT-2: unstructured (default) or n:m such as 2:4")
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="write into OUT even if it holds files (those of the same names are replaced)",
+    )
     args = parser.parse_args(argv)
     try:
         facts = export_run(
-            args.run_dir, args.out, to=args.to, sparsity=args.sparsity, method=args.method, pattern=args.pattern
+            args.run_dir,
+            args.out,
+            to=args.to,
+            force=args.force,
+            sparsity=args.sparsity,
+            method=args.method,
+            pattern=args.pattern,
         )
     except (RunError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)

@@ -4,9 +4,11 @@ A node is a Hydra `_target_` with `_partial_: true` (lightning-hydra-template's 
 key but `name` and `hyperbolic_params` is a keyword argument of the class, so adding an
 optimizer to the pipelines is one file in `configs/optimizer/`. `name` is the label every table
 and record shows, so it must name the class that runs: the class's name in lower case, underscores
-aside (`horst_lion` for `horst.HORSTLion`); `optimizer.name=sgd` over `horst.HORST` is refused. The
-class checks its own arguments; that is the one place optimizer settings are validated (a bad value or an
-unknown key becomes a one-line `ConfigError`).
+aside (`horst_lion` for `horst.HORSTLion`); `optimizer.name=sgd` over `horst.HORST` is refused. This
+module is the one place optimizer settings are validated, each problem a one-line `ConfigError`: a key
+the class's signature lacks (naming the closest one; an lr-like key names the pipeline's learning rate,
+which the schedule drives and the node never holds), the range of the hyperparameters the classes
+share (`RANGES`), then the class's own checks.
 
 Param groups follow the usual transformer recipe: decoupled weight decay on tensors with
 >= 2 dimensions only (not on biases and norm gains), and not on what the model's timm-style
@@ -18,17 +20,30 @@ or `prunable` (only the tensors that will be pruned), passed as the `hyperbolic`
 
 from __future__ import annotations
 
+import difflib
 import functools
+import inspect
+import math
 from collections.abc import Collection, Mapping
 from typing import Any
 
 import torch
 from omegaconf import OmegaConf
 
-from horst_sparse.training.config import ConfigError
+from horst_sparse.training.config import LR_LIKE, ConfigError
 
 HYPERBOLIC_PARAMS = ("all_2d", "prunable")
 _NOT_ARGUMENTS = ("name", "hyperbolic_params")  # the pipeline's keys, not the class's
+_PIPELINE_LR = "the pipeline's (train.lr, train.base_lr)"  # where the caller names no `lr_key`
+# The hyperparameters the classes share, (low, high or None, words): torch's refusals name neither
+# the key nor the range ("Invalid epsilon value: -1") and timm's Lion takes a negative decay, so
+# they are checked here, for every class alike. betas: each of the two.
+RANGES = {
+    "eps": (0.0, None, ">= 0"),
+    "weight_decay": (0.0, None, ">= 0"),
+    "momentum": (0.0, None, ">= 0"),
+    "betas": (0.0, 1.0, "two numbers in [0, 1)"),
+}
 
 
 def param_groups(
@@ -62,12 +77,14 @@ def _settings(node: Mapping[str, Any]) -> dict[str, Any]:
     return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node)
 
 
-def optimizer_factory(node: Mapping[str, Any]) -> functools.partial:
-    """The node's class with its arguments bound: call it with `(param_groups, lr=...)`."""
+def optimizer_factory(node: Mapping[str, Any], *, lr_key: str | None = None) -> functools.partial:
+    """The node's class with its arguments bound, its keys and shared ranges checked: call it with
+    `(param_groups, lr=...)`. `lr_key` is the pipeline's learning-rate key, named when the node has one."""
     from hydra.errors import InstantiationException
     from hydra.utils import instantiate
 
-    settings = {k: v for k, v in _settings(node).items() if k not in _NOT_ARGUMENTS}
+    resolved = _settings(node)
+    settings = {k: v for k, v in resolved.items() if k not in _NOT_ARGUMENTS}
     if "_target_" not in settings:
         raise ConfigError(
             "optimizer has no _target_; every configs/optimizer/*.yaml names its class (e.g. horst.HORST)"
@@ -77,7 +94,51 @@ def optimizer_factory(node: Mapping[str, Any]) -> functools.partial:
     except InstantiationException as error:
         raise ConfigError(f"optimizer._target_={settings['_target_']}: {str(error).splitlines()[0]}") from None
     check_label(node)
+    _check_keys(resolved, factory.func, lr_key=lr_key)
+    _check_ranges(resolved)
     return factory
+
+
+def _check_keys(settings: Mapping[str, Any], cls: type, *, lr_key: str | None) -> None:
+    """Every key of the node is a keyword argument of `cls` or the pipeline's own (`name`,
+    `hyperbolic_params`). `lr` never is: the pipeline passes its schedule's lr, which would
+    silently win over the node's."""
+    parameters = inspect.signature(cls).parameters
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+    keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    arguments = [k for k, p in parameters.items() if k not in ("params", "lr") and p.kind in keyword]
+    known = [*arguments, *_NOT_ARGUMENTS, "_target_", "_partial_"]
+    for key in map(str, settings):
+        if key == "lr" or (key not in known and LR_LIKE.search(key)):
+            raise ConfigError(
+                f"optimizer.{key} is not an optimizer setting: the learning rate is {lr_key or _PIPELINE_LR} (> 0)"
+            )
+        if key not in known and not takes_any:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"did you mean optimizer.{close[0]}?" if close else f"it takes {', '.join(arguments)}"
+            raise ConfigError(
+                f"optimizer={settings.get('name')} ({settings['_target_']}): optimizer.{key} is not a setting of "
+                f"the class ({hint}); fix the optimizer.* setting"
+            )
+
+
+def _check_ranges(settings: Mapping[str, Any]) -> None:
+    def fits(value: Any, low: float, high: float | None) -> bool:
+        number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        return number and value >= low and (high is None or value < high)
+
+    for key, (low, high, words) in RANGES.items():
+        if key not in settings:
+            continue
+        value = settings[key]
+        if key == "betas":
+            ok = isinstance(value, (list, tuple)) and len(value) == 2 and all(fits(v, low, high) for v in value)
+        else:
+            ok = fits(value, low, high)
+        if not ok:
+            raise ConfigError(
+                f"optimizer={settings.get('name')} ({settings['_target_']}): optimizer.{key}={value} must be {words}"
+            )
 
 
 def check_label(node: Mapping[str, Any]) -> None:
@@ -99,8 +160,10 @@ def build_optimizer(
     *,
     lr: float,
     prunable_names: Collection[str] = (),
+    lr_key: str | None = None,
 ) -> torch.optim.Optimizer:
-    """The optimizer of `node` over `model`'s param groups, at learning rate `lr`."""
+    """The optimizer of `node` over `model`'s param groups, at learning rate `lr` (the value of the
+    pipeline's `lr_key`)."""
     settings = _settings(node)
     choice = settings.get("hyperbolic_params")
     if choice is None:
@@ -112,7 +175,7 @@ def build_optimizer(
     else:
         raise ConfigError(f"optimizer.hyperbolic_params={choice!r} is unknown; use {' or '.join(HYPERBOLIC_PARAMS)}")
     groups = param_groups(model, weight_decay=settings.get("weight_decay", 0.0), hyperbolic_names=hyperbolic)
-    factory = optimizer_factory(settings)
+    factory = optimizer_factory(settings, lr_key=lr_key)
     try:
         return factory(groups, lr=lr)
     except (TypeError, ValueError) as error:
@@ -121,6 +184,6 @@ def build_optimizer(
         ) from None
 
 
-def check_optimizer(node: Mapping[str, Any], *, lr: float) -> None:
-    """Build the optimizer over one dummy tensor: its constructor's checks, before any work."""
-    build_optimizer(node, torch.nn.Linear(2, 2), lr=lr, prunable_names=["weight"])
+def check_optimizer(node: Mapping[str, Any], *, lr: float, lr_key: str | None = None) -> None:
+    """Build the optimizer over one dummy tensor: every check above and the constructor's, before any work."""
+    build_optimizer(node, torch.nn.Linear(2, 2), lr=lr, prunable_names=["weight"], lr_key=lr_key)

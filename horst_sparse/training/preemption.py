@@ -20,6 +20,9 @@ loop polls ``requested`` once per step, writes a checkpoint, then calls
 (requeue); otherwise it prints the command that continues the run and exits with
 ``PREEMPTED_EXIT_CODE``. The run started again in the same run folder continues from that
 checkpoint (``resume=auto``): no step is lost or repeated.
+
+That command is printed to be pasted: ``hydra_override`` and ``command_line`` quote it for
+Hydra's grammar and for the shell (a run folder named after its overrides holds ``=`` and ``,``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
+import shlex
 import signal
 import sys
 from collections.abc import Iterable, Iterator
@@ -40,6 +45,23 @@ log = logging.getLogger(__name__)
 
 PREEMPTED_EXIT_CODE = 3  # not 0: a wrapper script must know the run is unfinished
 STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
+
+
+def hydra_override(key: str, value: str) -> str:
+    """`key=value` as Hydra's override grammar reads it back: a value with anything but
+    letters, digits and `_/.+-` (`=`, `,`, spaces, quotes, brackets) goes in Hydra's quotes."""
+    from hydra.core.override_parser.types import Quote, QuotedString
+
+    if re.fullmatch(r"[A-Za-z0-9_/.+-]+", value):
+        return f"{key}={value}"
+    return f"{key}={QuotedString(text=value, quote=Quote.single).with_quotes()}"
+
+
+def command_line(arguments: Iterable[str]) -> str:
+    """`arguments` as one line a POSIX shell runs as these arguments (`shlex.join`), except that
+    an argument holding Hydra's single quotes goes in double quotes where the shell leaves it
+    as it is there: `"hydra.run.dir='/tmp/a=b'"`, not shlex's `'hydra.run.dir='"'"'/tmp/a=b'"'"''`."""
+    return " ".join(f'"{a}"' if "'" in a and not set(a) & set('"$`\\!') else shlex.quote(a) for a in arguments)
 
 
 class PreemptionGuard:

@@ -21,11 +21,10 @@ from __future__ import annotations
 import json
 import math
 import os
-import shlex
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +38,7 @@ from horst_sparse.pipeline import of as pipeline_of
 from horst_sparse.training.checkpoint import (
     CheckpointError,
     checkpoint_path,
+    checkpoint_step,
     latest_checkpoint,
     load_checkpoint,
     prune_old_checkpoints,
@@ -58,7 +58,7 @@ from horst_sparse.training.distributed import (
 )
 from horst_sparse.training.env import autocast_dtype, device_type, seed_everything, select_device
 from horst_sparse.training.no_effect import NO_EFFECT
-from horst_sparse.training.preemption import PreemptionGuard
+from horst_sparse.training.preemption import PreemptionGuard, command_line, hydra_override
 from horst_sparse.training.run_log import (
     CONFIG_FILE,
     FAILED_FILE,
@@ -72,6 +72,9 @@ NON_FINITE_EXIT_CODE = 4  # a run stopped by a non-finite loss (preemption's is 
 LOCK_FILE = ".lock"  # one live writer per run folder (`lock_run_folder`)
 _held_locks: dict[Path, Any] = {}  # run folders this process holds, by resolved path
 _continue_command: str | None = None  # set by `hydra_task`: the command line that continues this run
+# Set by `RunCallbacks.on_multirun_start`: the line that continues the whole sweep, which an
+# interrupt of a cell run in this process (Hydra's basic launcher) prints instead of the cell's.
+_sweep_command: str | None = None
 _sweep: str | None = None  # set by `hydra_task` in a multirun: the sweep folder's name, the runs' W&B group
 _open_run: Run | None = None  # the Run a task started and has not finished: `hydra_task` closes it whatever happens
 # What `resume_override` may change on resume, and how the new value reaches the live objects.
@@ -180,6 +183,27 @@ def config_differences(old: Mapping[str, Any], new: Mapping[str, Any], *, ignore
     return differences
 
 
+def continue_command(pipeline: str, overrides: Iterable[str], run_dir: str | Path) -> str:
+    """The shell line that continues the run in `run_dir`: the pipeline's entry point with the
+    run's command-line `overrides` (but its folder and `resume_override`, a change made once) and
+    `hydra.run.dir=<run_dir>`, quoted for Hydra's grammar and the shell: pasted, it runs."""
+    kept = [o for o in overrides if not o.startswith(("hydra.run.dir=", "resume_override="))]
+    return command_line(
+        ["python", pipeline_of({"pipeline": pipeline}).script, *kept, hydra_override("hydra.run.dir", str(run_dir))]
+    )
+
+
+def sweep_command(config: DictConfig) -> str:
+    """The shell line that continues the multirun whose config (Hydra's, with its `hydra` node)
+    is `config`: the same command line (Hydra's overrides as typed) in that sweep's folder,
+    whose finished cells are left as they are (`finished_summary`) and the others continue."""
+    overrides = config.hydra.overrides
+    # `-m` says hydra.mode=MULTIRUN (Hydra adds it to the overrides); the folder is given below.
+    kept = [o for o in [*overrides.hydra, *overrides.task] if not o.startswith(("hydra.sweep.dir=", "hydra.mode="))]
+    sweep_dir = hydra_override("hydra.sweep.dir", str(config.hydra.sweep.dir))
+    return command_line(["python", pipeline_of(config).script, "-m", *kept, sweep_dir])
+
+
 class Run:
     """One training run's shared machinery; see the module docstring."""
 
@@ -221,7 +245,9 @@ class Run:
         self.log: RunLogger | None = None
         self.elapsed_before = 0.0  # wall time of the runs this one continues
         self.resume_overrides: list[dict] = []  # settings changed on resume: step and (old, new) values
-        self.continue_command = _continue_command or f"the same command with hydra.run.dir={self.run_dir}"
+        self.continue_command = (
+            _continue_command or f"the same command with {hydra_override('hydra.run.dir', str(self.run_dir))}"
+        )
         self._tracked: dict[str, Any] = {}
         global _open_run
         _open_run = self
@@ -260,7 +286,8 @@ class Run:
         self._tracked = dict(model=model, optimizer=optimizer, scheduler=scheduler, generators=generators)
         overrides = list(self.cfg.resume_override)
         for key in overrides:
-            if not key.startswith(OVERRIDABLE) or key in (
+            # whole keys (train.lrr is not train.lr); an optimizer hyperparameter by its prefix
+            if not (key in OVERRIDABLE or key.startswith("optimizer.")) or key in (
                 "optimizer.name",
                 "optimizer._target_",
                 "optimizer._partial_",
@@ -404,7 +431,17 @@ class Run:
         if bar is not None:
             bar.close()
         self.log.close()
-        self.preemption.requeue_or_exit(continue_command=self.continue_command)
+        if self.log.offline_dir is not None:
+            # The folder just named goes when the run continues (offline, W&B cannot append to it):
+            # the continued run logs the same W&B run, id and all, into a new one.
+            offline = self.log.offline_dir
+            run_id = offline.name.rsplit("-", 1)[-1]
+            print(
+                "W&B: continuing the run replaces that folder with one of the same W&B run; "
+                f"`wandb sync {command_line([str(offline.parent)])}/offline-run-*-{run_id}` uploads whichever is there",
+                flush=True,
+            )
+        self.preemption.requeue_or_exit(continue_command=_sweep_command or self.continue_command)
 
     def finish(self, summary: Mapping[str, Any], *, files: tuple[str, ...] = ()) -> dict[str, Any]:
         """Write `summary.json` (a W&B artifact with the run folder's `files`), then `close`;
@@ -441,8 +478,9 @@ class RunCallbacks(Callback):
 
     Before Hydra creates the run (or sweep) folder: a folder that cannot be written is one
     line and exit status 2, not a traceback from Hydra's `mkdir`. At the end of a multirun:
-    one line per failed cell (its `failed.json`) and exit status 1 if any failed; the sweep
-    ran every cell, and the shell still learns of the failures."""
+    one line per failed cell (its `failed.json`), the line that continues the sweep
+    (`sweep_command`) and exit status 1 if any failed; the sweep ran every cell, and the shell
+    still learns of the failures."""
 
     @staticmethod
     def _check_writable(folder: Path, key: str) -> None:
@@ -463,14 +501,19 @@ class RunCallbacks(Callback):
         self._check_writable(Path(config.hydra.run.dir), "hydra.run.dir")
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        global _sweep_command
         self._check_writable(Path(config.hydra.sweep.dir), "hydra.sweep.dir")
+        _sweep_command = sweep_command(config)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        global _sweep_command
+        _sweep_command = None
         failed = sorted(Path(config.hydra.sweep.dir).glob(f"*/{FAILED_FILE}"))
         for path in failed:
             record = json.loads(path.read_text())
             print(f"failed cell {path.parent}: {record['reason']}", file=sys.stderr)
         if failed:
+            print(f"continue the sweep (its finished cells are kept) with: {sweep_command(config)}", file=sys.stderr)
             sys.exit(f"{len(failed)} cell(s) of this multirun failed (listed above); the others ran")
 
 
@@ -498,17 +541,26 @@ def record_failed_cell(
     exit_code: int | None,
     step: int | None,
     config: Mapping[str, Any] | None,
+    overrides: Sequence[str] | None = None,
     **extra: Any,
 ) -> dict:
     """Write a failed cell's `failed.json` (what `RunCallbacks`, `horst-tables` and
-    `horst-sweep-status` read) and return it. `extra`: e.g. the SLURM job and its state."""
+    `horst-sweep-status` read) and return it. `step`: where it failed, if known (None for a
+    job SLURM ended). `checkpoint` and `checkpoint_step`: the newest checkpoint in the folder,
+    where the run continues; `continue`: the line that continues it (`continue_command`, from
+    the cell's command-line `overrides`; None without them). `extra`: e.g. the SLURM job and
+    its state."""
     numbers = pipeline_of({"pipeline": pipeline}).numbers(config, None) if config else []  # what it would have measured
+    last = latest_checkpoint(run_dir)
     record = {
         "pipeline": pipeline,
         "status": "failed",
         "exit_code": exit_code,
         "reason": reason,
         "step": step,
+        "checkpoint": str(last) if last else None,
+        "checkpoint_step": checkpoint_step(last) if last else None,
+        "continue": continue_command(pipeline, overrides, run_dir) if overrides is not None else None,
         **extra,
         "git_commit": git_commit(Path(__file__).parent),
         "config": config,
@@ -556,8 +608,7 @@ def hydra_task(task: Callable[..., dict], cfg: DictConfig) -> dict | None:
     if cfg.resume == "auto" and (done := finished_summary(run_dir, OmegaConf.to_container(cfg, resolve=True))):
         print(f"{run_dir} holds this run, finished ({SUMMARY_FILE}); nothing to do (resume=never trains it again)")
         return done
-    overrides = [o for o in hydra_cfg.overrides.task if not o.startswith(("hydra.run.dir=", "resume_override="))]
-    _continue_command = shlex.join(["python", pipeline_of(cfg).script, *overrides, f"hydra.run.dir={run_dir}"])
+    _continue_command = continue_command(cfg.pipeline, hydra_cfg.overrides.task, run_dir)
     _sweep = Path(hydra_cfg.sweep.dir).name if multirun else None
     exit_code = 1  # what an unfinished run's log ends with, unless a RunError says otherwise
     try:
@@ -569,6 +620,16 @@ def hydra_task(task: Callable[..., dict], cfg: DictConfig) -> dict | None:
         tqdm.write(f"error: {reason}", file=sys.stderr)  # below any progress bar still on screen
         if not multirun:
             _remove_if_untouched(run_dir)
+            if exit_code == NON_FINITE_EXIT_CODE and run_dir.is_dir():  # tables tell a diverged run from a killed one
+                record_failed_cell(
+                    run_dir,
+                    pipeline=cfg.pipeline,
+                    reason=reason,
+                    exit_code=exit_code,
+                    step=step,
+                    config=OmegaConf.to_container(cfg, resolve=True),
+                    overrides=list(hydra_cfg.overrides.task),
+                )
             sys.exit(exit_code)
     except Exception as error:
         if not multirun:
@@ -586,6 +647,7 @@ def hydra_task(task: Callable[..., dict], cfg: DictConfig) -> dict | None:
         exit_code=exit_code,
         step=step,
         config=OmegaConf.to_container(cfg, resolve=True),
+        overrides=list(hydra_cfg.overrides.task),
     )
     print(
         f"error: cell {hydra_cfg.job.num} failed ({reason}); recorded in {run_dir / FAILED_FILE}, going on",

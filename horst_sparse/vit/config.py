@@ -15,7 +15,15 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 import pruning
-from horst_sparse.training.config import ConfigError, RunConfig, check_known_keys, require, validate_run
+from horst_sparse.training.config import (
+    ConfigError,
+    RunConfig,
+    check_known_keys,
+    pipeline_lr_key,
+    require,
+    run_schema,
+    validate_run,
+)
 from horst_sparse.training.optim import check_optimizer
 from horst_sparse.training.presets import presets, register_help
 from horst_sparse.vit.model import pair
@@ -117,7 +125,7 @@ def register_configs() -> None:
     """The schemas, and `--help`'s list of this pipeline's presets (the primary config names it)."""
     register_help("vit", "train a ViT/DeiT under AC/DC with any optimizer, report the final sparse model's accuracy")
     cs = ConfigStore.instance()
-    cs.store(name="schema_vit_run", node=ViTRunConfig)
+    cs.store(name="schema_vit_run", node=run_schema(ViTRunConfig))  # its optimizer section open
     cs.store(group="model", name="schema_vit", node=ViTModelConfig)
 
 
@@ -211,7 +219,7 @@ def validate(cfg: DictConfig, *, world_size: int) -> None:
     require(t.batch_size > 0, f"train.batch_size={t.batch_size} must be positive")
     require(t.base_lr > 0, f"train.base_lr={t.base_lr} must be positive")
     lr = scaled_lr(t)
-    check_optimizer(cfg.optimizer, lr=lr)
+    check_optimizer(cfg.optimizer, lr=lr, lr_key=pipeline_lr_key(cfg))
     require(t.epochs > 0, f"train.epochs={t.epochs} must be positive")
     require(t.accum_steps >= 1, f"train.accum_steps={t.accum_steps} must be >= 1 (1: no gradient accumulation)")
     require(

@@ -10,6 +10,7 @@ phase's sparse model: exported as it is, in float32, pruned entries exact zeros.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,10 @@ from horst_sparse.training.config import RunError
 from horst_sparse.training.export import RunFolder, commits, optimizer_line
 from horst_sparse.vit.config import prunable_set
 from horst_sparse.vit.model import build_model
+
+# Fields of timm's pretrained_cfg that describe the published weights of the architecture the model
+# was built from (e.g. `tag: augreg_in21k_ft_in1k`, `license: apache-2.0`), not this run's: the export drops them.
+TIMM_WEIGHTS_FIELDS = ("tag", "license", "description", "origin_url", "paper_name", "paper_ids", "notes")
 
 
 def eval_data_config(aug: Mapping[str, Any], *, img_size: int) -> dict[str, Any]:
@@ -59,6 +64,9 @@ def export_vit(model: torch.nn.Module, cfg, out: str | Path, *, num_classes: int
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     data_config = eval_data_config(cfg.aug, img_size=m.img_size)
     save_config_for_hf(model, str(out / "config.json"), model_args=model_args, data_config=data_config)
+    config = json.loads((out / "config.json").read_text())
+    config["pretrained_cfg"] = {k: v for k, v in config["pretrained_cfg"].items() if k not in TIMM_WEIGHTS_FIELDS}
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     weights = prunable_set(model, cfg.acdc)
     facts = {
         "dir": str(out),

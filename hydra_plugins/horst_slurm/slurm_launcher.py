@@ -7,7 +7,8 @@
   such job, leaving the others running and recording nothing.)
 * `wait: false` submits and returns once the jobs are queued.
 * `<sweep dir>/jobs.json` names each cell's SLURM job and run folder, for
-  `horst-sweep-status` (each cell's state; collects the finished ones).
+  `horst-sweep-status` (each cell's state; collects the finished ones); a sweep submitted
+  again into its folder updates its cells there (`write_jobs_file`).
 * One task per GPU (`tasks_per_node: ${.gpus_per_node}` in the presets); a CPU job
   (`gpus_per_node=0`) is one task and asks for no GPU.
 """
@@ -32,6 +33,18 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLaunche
 log = logging.getLogger(__name__)
 
 JOBS_FILE = "jobs.json"
+
+
+def write_jobs_file(sweep_dir: Path, *, pipeline: str, submitit_folder: str, cells: Sequence[dict]) -> None:
+    """Record `cells` (each with its `run_dir`) in `<sweep_dir>/jobs.json`, after those already
+    there: a sweeper's earlier batches stay, and a cell already listed (the same run folder:
+    the sweep submitted again to continue it) takes its new job in its place, once."""
+    path = sweep_dir / JOBS_FILE
+    listed = {c["run_dir"]: c for c in json.loads(path.read_text())["cells"]} if path.exists() else {}
+    listed.update({c["run_dir"]: c for c in cells})  # a dict keeps the first listing's place
+    path.write_text(
+        json.dumps({"pipeline": pipeline, "submitit_folder": submitit_folder, "cells": list(listed.values())}, indent=1)
+    )
 
 
 @dataclass
@@ -105,7 +118,21 @@ class SlurmLauncher(SubmititSlurmLauncher):
         ]
         cells = [self._cell(o, i) for i, o in zip(indices, job_overrides)]
         jobs = executor.map_array(self, *zip(*arguments))
-        self._write_jobs_file(sweep_dir, folder, indices, job_overrides, cells, jobs)
+        write_jobs_file(
+            sweep_dir,
+            pipeline=self.config.pipeline,
+            submitit_folder=folder,
+            cells=[
+                {
+                    "num": i,
+                    "slurm_job_id": job.job_id,
+                    "run_dir": str(run_dir),
+                    "overrides": list(overrides),
+                    "config": config,
+                }
+                for i, overrides, (run_dir, config), job in zip(indices, job_overrides, cells, jobs)
+            ],
+        )
         print(
             f"submitted {len(jobs)} cell(s) as SLURM job {jobs[0].job_id.split('_')[0]}; their state: "
             f"horst-sweep-status {sweep_dir}",
@@ -116,27 +143,38 @@ class SlurmLauncher(SubmititSlurmLauncher):
                 self._job_return(o, {"status": "submitted", "slurm_job_id": j.job_id})
                 for o, j in zip(job_overrides, jobs)
             ]
-        return [
-            self._wait(job, overrides, run_dir, config)
-            for job, overrides, (run_dir, config) in zip(jobs, job_overrides, cells)
-        ]
+        return self._wait_each_as_it_ends(indices, jobs, job_overrides, cells)
 
-    def _write_jobs_file(self, sweep_dir, folder, indices, job_overrides, cells, jobs) -> None:
-        path = sweep_dir / JOBS_FILE
-        previous = json.loads(path.read_text())["cells"] if path.exists() else []  # a sweeper's earlier batches
-        new = [
-            {
-                "num": i,
-                "slurm_job_id": job.job_id,
-                "run_dir": str(run_dir),
-                "overrides": list(overrides),
-                "config": config,
-            }
-            for i, overrides, (run_dir, config), job in zip(indices, job_overrides, cells, jobs)
-        ]
-        path.write_text(
-            json.dumps({"pipeline": self.config.pipeline, "submitit_folder": folder, "cells": previous + new}, indent=1)
-        )
+    def _wait_each_as_it_ends(
+        self, indices: Sequence[int], jobs: Sequence[Any], job_overrides: Sequence[Sequence[str]], cells: Sequence
+    ) -> list[JobReturn]:
+        """`_wait` for every job, taking each as it ends (not in submission order, where the
+        first long cell would hide the others), with one line per cell: a sweep that waits for
+        hours says what has ended. `job.done()` reads the result file, else submitit's shared
+        `sacct` poll (one call for all the jobs, rarer as they age), as `job.results()` does."""
+        import time
+
+        from horst_sparse.training.run_log import FAILED_FILE, SUMMARY_FILE
+
+        results: dict[int, JobReturn] = {}
+        while len(results) < len(jobs):
+            for k in [k for k, job in enumerate(jobs) if k not in results and job.done()]:
+                run_dir, config = cells[k]
+                results[k] = self._wait(jobs[k], job_overrides[k], run_dir, config)
+                if (run_dir / SUMMARY_FILE).exists():
+                    state = "done"
+                elif (run_dir / FAILED_FILE).exists():
+                    state = f"failed (its {FAILED_FILE})"
+                else:  # a run that wrote neither: SLURM's word on it
+                    state = jobs[k].state
+                print(
+                    f"cell #{indices[k]} ended {state} ({len(results)} of {len(jobs)} ended): {run_dir}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            if len(results) < len(jobs):
+                time.sleep(1)
+        return [results[k] for k in range(len(jobs))]
 
     @staticmethod
     def _job_return(overrides: Sequence[str], value: Any) -> JobReturn:
@@ -165,6 +203,7 @@ class SlurmLauncher(SubmititSlurmLauncher):
                 exit_code=None,
                 step=None,
                 config=config,
+                overrides=overrides,
                 slurm_job_id=job.job_id,
                 slurm_state=state,
             )

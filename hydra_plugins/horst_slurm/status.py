@@ -7,10 +7,12 @@ the finished ones into tables. SLURM's states, mapped beside the launcher that s
 
 It reads `<sweep>/jobs.json` (each cell's SLURM job and run folder, written by the SLURM
 launcher when it submits; hydra_plugins/horst_slurm), the run folders (`summary.json`: done;
-`failed.json`: failed, with its reason) and, for the other cells, SLURM's state through
-submitit (one `sacct` call). A cell that SLURM ended (cancelled, out of memory, node failure,
-time-out) gets its `failed.json` here, as the launcher writes it when it waits, so that the
-tables list it among the failed runs.
+`failed.json`: failed, with its reason, and below it the last checkpoint and the line that
+continues the run where the record names them) and, for the other cells, SLURM's state through
+submitit (one `sacct` call) and a pending job's reason (one `squeue` call: Resources, Priority,
+or PartitionConfig, a job that asks more than the partition's nodes have and never starts). A
+cell that SLURM ended (cancelled, out of memory, node failure, time-out) gets its `failed.json`
+here, as the launcher writes it when it waits, so that the tables list it among the failed runs.
 
 Exit status: 3 while some cells are pending or running, else 1 if any failed, else 0.
 """
@@ -19,8 +21,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from horst_sparse.training.run_log import FAILED_FILE, METRICS_FILE, SUMMARY_FILE
 from hydra_plugins.horst_slurm.slurm_launcher import JOBS_FILE
@@ -29,6 +34,9 @@ from hydra_plugins.horst_slurm.slurm_launcher import JOBS_FILE
 QUEUED = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "CONFIGURING", "PREEMPTED", "UNKNOWN"}
 RUNNING = {"RUNNING", "COMPLETING", "SUSPENDED", "SIGNALING", "STAGE_OUT", "RESIZING"}
 UNFINISHED_EXIT_CODE = 3
+# Pending reasons that waiting does not end: the job asks more CPUs, memory, nodes or time than
+# the partition gives (SLURM's default EnforcePartLimits=NO queues such a job all the same).
+NEVER_STARTS = {"PartitionConfig", "PartitionNodeLimit", "PartitionTimeLimit"}
 
 
 def last_step(run_dir: Path) -> int | None:
@@ -38,8 +46,51 @@ def last_step(run_dir: Path) -> int | None:
     return json.loads(lines[-1]).get("step") if lines else None
 
 
+def pending_reasons(job_ids: list[str]) -> dict[str, tuple[str, str]]:
+    """SLURM's state of each of these queued jobs and why it has not started (`squeue -h -r -o
+    "%i %T %r"`: PENDING and Resources, Priority, BeginTime, PartitionConfig, ...), by job id
+    (array tasks as `123_4`, which sacct lists only once they start); a job squeue no longer
+    lists, or no squeue at all, is left out."""
+    if not job_ids:
+        return {}
+    command = ["squeue", "-h", "-r", "-o", "%i %T %r", "-j", ",".join(job_ids)]
+    try:
+        out = subprocess.run(command, capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    return {f[0]: (f[1], f[2]) for line in out.splitlines() if len(f := line.split(None, 2)) == 3}
+
+
+def resume_notes(record: dict[str, Any]) -> list[str]:
+    """A failed cell's last checkpoint (path and step) and the line that continues it, as its
+    `failed.json` names them: `last_checkpoint` ({path, step}, or a path) or `checkpoint` and
+    `checkpoint_step`, and `continue`; records written before those fields give nothing."""
+    last = record.get("last_checkpoint")
+    if isinstance(last, dict):
+        path, step = last.get("path"), last.get("step")
+    elif isinstance(last, (list, tuple)) and len(last) == 2:
+        path, step = last
+    elif isinstance(last, str):
+        path, step = last, None
+    else:
+        path, step = record.get("checkpoint"), record.get("checkpoint_step")
+    notes = []
+    if path:
+        notes.append(f"last checkpoint: {path}" + (f" (step {step})" if step is not None else ""))
+    elif "last_checkpoint" in record or "checkpoint" in record:  # named, and null: nothing to continue from
+        notes.append("last checkpoint: none (the run starts again from its first step)")
+    command = record.get("continue")
+    if isinstance(command, (list, tuple)):
+        command = shlex.join(map(str, command))
+    if command:
+        notes.append(f"continue: {command}")
+    return notes
+
+
 def cell_states(sweep_dir: Path) -> list[dict]:
-    """One row per cell: `num`, `state` (done | failed | running | pending), `detail`, `run_dir`."""
+    """One row per cell: `num`, `state` (done | failed | running | pending), `detail`, `run_dir`,
+    `notes` (lines printed below the row: a failed cell's checkpoint and the line that continues
+    it, a pending job that will not start)."""
     import submitit
 
     manifest = json.loads((sweep_dir / JOBS_FILE).read_text())
@@ -51,10 +102,17 @@ def cell_states(sweep_dir: Path) -> list[dict]:
     rows = []
     for cell in cells:
         run_dir, job_id = Path(cell["run_dir"]), cell["slurm_job_id"]
+        notes: list[str] = []
         if (run_dir / SUMMARY_FILE).exists():
             state, detail = "done", ""
         elif (run_dir / FAILED_FILE).exists():
-            state, detail = "failed", json.loads((run_dir / FAILED_FILE).read_text())["reason"]
+            try:  # written by other code, at other versions: read what is there
+                record = json.loads((run_dir / FAILED_FILE).read_text())
+            except (OSError, ValueError):
+                record = {}
+            record = record if isinstance(record, dict) else {}
+            state, detail = "failed", str(record.get("reason", f"(no reason readable in its {FAILED_FILE})"))
+            notes = resume_notes(record)
         else:
             slurm_state = jobs[job_id].state  # e.g. "RUNNING", "CANCELLED by 0", "OUT_OF_MEMORY"
             name = slurm_state.split()[0]
@@ -70,17 +128,29 @@ def cell_states(sweep_dir: Path) -> list[dict]:
                 from horst_sparse.training.runner import record_failed_cell  # torch and all: only when needed
 
                 state, detail = "failed", f"SLURM job {job_id} ended {slurm_state} without a summary"
-                record_failed_cell(
+                record = record_failed_cell(
                     run_dir,
                     pipeline=manifest["pipeline"],
                     reason=detail,
                     exit_code=None,
                     step=None,
                     config=cell["config"],
+                    overrides=cell.get("overrides"),  # for the line that continues it
                     slurm_job_id=job_id,
                     slurm_state=slurm_state,
                 )
-        rows.append({"num": cell["num"], "state": state, "detail": detail, "run_dir": str(run_dir)})
+                notes = resume_notes(record)
+        rows.append({"num": cell["num"], "state": state, "detail": detail, "run_dir": str(run_dir), "notes": notes})
+    # Why the pending jobs wait: one squeue call for them all (sacct does not say).
+    waiting = {cells[i]["slurm_job_id"]: row for i, row in enumerate(rows) if row["state"] == "pending"}
+    for job_id, (slurm_state, reason) in pending_reasons(list(waiting)).items():
+        if job_id in waiting:
+            waiting[job_id]["detail"] = f"SLURM job {job_id} {slurm_state} ({reason})"
+            if reason in NEVER_STARTS:
+                waiting[job_id]["notes"].append(
+                    f"it will not start: it asks more than the partition's nodes have or allow; `scancel {job_id}` "
+                    "and submit it again with less (horst-plan prints what each job asks)"
+                )
     return rows
 
 
@@ -95,18 +165,24 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(
             2,
             f"error: {args.sweep_dir / JOBS_FILE} not found: give the folder of a sweep submitted with "
-            "hydra/launcher=slurm or slurm_1gpu (hydra.sweep.dir)\n",
+            "hydra/launcher=slurm, slurm_1gpu or slurm_cpu (hydra.sweep.dir)\n",
         )
     rows = cell_states(args.sweep_dir)
     width = max(len(Path(r["run_dir"]).name) for r in rows)
     for row in rows:
         print(f"{Path(row['run_dir']).name:<{width}}  {row['state']:<7}  {row['detail']}".rstrip())
+        for note in row["notes"]:
+            print(f"    {note}")
     counts = {s: sum(r["state"] == s for r in rows) for s in ("done", "failed", "running", "pending")}
     print(", ".join(f"{n} {s}" for s, n in counts.items()) + f" of {len(rows)} cells")
     if args.tables:
         from horst_sparse.analysis.report import tables_main
 
-        tables_main([str(args.sweep_dir), "--out", str(args.tables)])
+        try:  # the tables' own error is one line; the exit code stays the cells' state
+            tables_main([str(args.sweep_dir), "--out", str(args.tables)])
+        except SystemExit as error:
+            if error.code not in (None, 0):
+                print(error.code, file=sys.stderr)
     elif counts["done"]:
         print(f"tables of the finished cells: horst-tables {args.sweep_dir} --out OUT")
     if counts["running"] or counts["pending"]:
