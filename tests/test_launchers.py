@@ -69,8 +69,9 @@ def summaries(sweep_dir: Path) -> dict[str, dict]:
     return {p.parent.name: json.loads(p.read_text()) for p in sorted(sweep_dir.glob("*/summary.json"))}
 
 
-# GPT-2 through submitit also runs in make test-slurm (the real cluster); slow here to keep the suite < 10 min
-@pytest.mark.parametrize("script", [pytest.param("train_gpt2.py", marks=pytest.mark.slow), "train_vit.py"])
+# Through submitit both also run in make test-slurm (the real cluster, CI); slow here to keep the suite < 10 min
+@pytest.mark.slow
+@pytest.mark.parametrize("script", ["train_gpt2.py", "train_vit.py"])
 def test_local_launcher_runs_every_cell_through_submitit(script, pydoc_dir, tmp_path):
     sweep = tmp_path / "sweep"
     overrides = TINY_GPT2 + [f"data.dir={pydoc_dir}"] if script == "train_gpt2.py" else TINY_VIT
