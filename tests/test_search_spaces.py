@@ -98,12 +98,21 @@ def test_an_edge_pick_is_refused_unless_declared():
 
 
 @pytest.mark.parametrize("pipeline,recipe", [("vit", "mnist1d"), ("gpt2", "pydoc")])
-def test_the_committed_picks_searched_different_hyperparameters_and_are_refused(pipeline, recipe):
-    """AdamW searched lr, decay and warm-up; HORST and HAM lr, alpha and beta at hand-set decay and
-    warm-up (issue 31): equal trial counts, unequal searches."""
+def test_the_committed_picks_pass_only_where_tuned_alike_under_the_current_protocol(pipeline, recipe):
+    """Picks of protocol v1/v2 (AdamW searched lr, decay and warm-up; HORST and HAM lr, alpha and
+    beta at hand-set decay and warm-up: equal trial counts, unequal searches) are refused; picks
+    made under the current protocol pass, at its reporting seeds and declared edges."""
+    from horst_sparse.study import protocol
+
+    current = protocol.current("embedded")
     config = compose(get(pipeline), [f"{get(pipeline).recipe_group}={recipe}"])
-    with pytest.raises(BudgetError, match="searched different shared hyperparameters"):
-        check_equal_budgets(config.tuned, ["adamw", "ham", "horst"], reporting_seeds=range(10))
+    arms = ["adamw", "ham", "horst"]
+    made = {a: ((config.tuned[a].provenance or {}).get("protocol") or {}).get("hash") for a in arms}
+    if set(made.values()) == {current.hash}:
+        check_equal_budgets(config.tuned, arms, reporting_seeds=range(10, 20), declared_edges=current.declared_edges)
+    else:
+        with pytest.raises(BudgetError):
+            check_equal_budgets(config.tuned, arms, reporting_seeds=range(10, 20))
 
 
 def test_an_arm_with_settings_of_its_own_is_tuned_on_its_own():
