@@ -108,8 +108,18 @@ def test_the_committed_picks_pass_only_where_tuned_alike_under_the_current_proto
     config = compose(get(pipeline), [f"{get(pipeline).recipe_group}={recipe}"])
     arms = ["adamw", "ham", "horst"]
     made = {a: ((config.tuned[a].provenance or {}).get("protocol") or {}).get("hash") for a in arms}
-    if set(made.values()) == {current.hash}:
-        check_equal_budgets(config.tuned, arms, reporting_seeds=range(10, 20), declared_edges=current.declared_edges)
+    if set(made.values()) == {current.hash}:  # refused only for an edge pick the protocol did not declare
+        undeclared = [
+            f"{a} {e.split(' at the ')[0]}"
+            for a in arms
+            for e in config.tuned[a].provenance.edges
+            if f"{a} {e.split(' at the ')[0]}" not in current.declared_edges
+        ]
+        if undeclared:
+            with pytest.raises(BudgetError, match=f"arm {undeclared[0].split()[0]}'s pick has .* edge of its range"):
+                check_equal_budgets(config.tuned, arms, range(10, 20), declared_edges=current.declared_edges)
+        else:
+            check_equal_budgets(config.tuned, arms, range(10, 20), declared_edges=current.declared_edges)
     else:
         with pytest.raises(BudgetError):
             check_equal_budgets(config.tuned, arms, reporting_seeds=range(10, 20))
