@@ -126,3 +126,32 @@ def test_a_versioned_record_with_reruns_gets_curves_of_its_search_stage_per_prot
     assert "- adamw's pick (trial 3) changes in " in stability and " of 300 bootstrap draws" in stability
     assert "The record's pick column marks trial 2, not this rule's pick." in stability
     assert stability.count("not this rule's pick") == 1
+
+
+def test_trials_a_later_version_ran_again_are_compared_and_copied_rows_are_not():
+    """v4 redid v3's AdamW tuning on the same points and seeds: each pair scored alike or not; the
+    rows v2 holds of v1 (the same runs, one commit) are no rerun."""
+    from horst_sparse.analysis.tuning_curves import repeats, repeats_markdown
+
+    def rows(protocol, commit, scores, alpha=None, lr=(0.1, 0.2, 0.3)):
+        return pd.DataFrame(
+            {"arm": "adamw", "stage": "search", "trial": range(len(scores)), "seed": 100, "train.lr": lr,
+             "optimizer.alpha": alpha, "score": scores, "protocol": protocol, "commit": commit}
+        )  # fmt: skip
+
+    record = pd.concat(
+        [
+            rows(1, "a", [0.5, 0.6, 0.7], lr=(1, 2, 3)),
+            rows(2, "a", [0.5, 0.6, 0.7], lr=(1, 2, 3)),  # recorded after the fact: v1's rows again
+            rows(3, "b", [0.5, 0.6, 0.7]),
+            rows(4, "c", [0.5, 0.6, 0.75]),
+            rows(4, "c", [0.5, 0.6, 0.7], alpha=1.0).assign(arm="ham"),  # another point: no pair
+        ],
+        ignore_index=True,
+    )
+    table = repeats(record)
+    assert table.drop(columns="max_difference").values.tolist() == [["adamw", 3, 4, 3, 2]]
+    assert abs(table.max_difference.iloc[0] - 0.05) < 1e-12
+    assert "- adamw: 3 trials of protocol v3 run again under v4; 2 scored the same to the last bit" in repeats_markdown(
+        table, title="t"
+    )

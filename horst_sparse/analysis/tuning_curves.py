@@ -345,6 +345,44 @@ def stability_markdown(table: pd.DataFrame, *, title: str, maximize: bool, recor
     return "\n".join([*lines, "", tables.markdown(shown)])
 
 
+REPEAT_KEYS = ["arm", "stage", "trial", "seed"]  # and every searched value (the columns named `group.key`)
+
+
+def repeats(trials: pd.DataFrame) -> pd.DataFrame:
+    """Trials a later protocol version ran again, at another commit: the same arm, stage, trial,
+    seed and searched values (v4 redid v3's AdamW and HORST tunings on the same points). Per arm and pair of
+    versions: how many, how many scored the same to the last bit, and the largest difference,
+    a check that a tuning reproduces."""
+    columns = ["arm", "earlier", "later", "trials", "identical", "max_difference"]
+    if "protocol" not in trials:
+        return pd.DataFrame(columns=columns)
+    keys = [*REPEAT_KEYS, *(c for c in trials.columns if "." in c)]
+    versioned = trials[trials.protocol.notna()]
+    versions = sorted(versioned.protocol.unique())
+    rows = []
+    for i, earlier in enumerate(versions):
+        for later in versions[i + 1 :]:
+            both = versioned[versioned.protocol == earlier].merge(
+                versioned[versioned.protocol == later], on=keys, suffixes=("_earlier", "_later")
+            )  # pandas matches missing values (an arm's unsearched keys) as equal
+            if "commit" in trials:  # a row both versions hold (recorded after the fact) is not a rerun
+                both = both[both.commit_earlier != both.commit_later]
+            for arm, pairs in both.groupby("arm", sort=False):
+                difference = (pairs.score_later - pairs.score_earlier).abs()
+                rows.append([arm, int(earlier), int(later), len(pairs), int((difference == 0).sum()), difference.max()])
+    return pd.DataFrame(rows, columns=columns)
+
+
+def repeats_markdown(table: pd.DataFrame, *, title: str) -> str:
+    lines = [f"## {title}", ""]
+    for row in table.itertuples():
+        lines.append(
+            f"- {row.arm}: {row.trials} trials of protocol v{row.earlier} run again under v{row.later}; "
+            f"{row.identical} scored the same to the last bit, the largest difference {row.max_difference:.3g}."
+        )
+    return "\n".join(lines) + "\n"
+
+
 def _opda_version() -> str:
     import importlib.metadata
 
@@ -390,7 +428,9 @@ def main(argv: list[str] | None = None) -> None:
     tuning_curves_v<version>.md, .csv and .png (a record without a protocol column:
     tuning_curves.md, .csv, .png), the curves of the search stage; and pick_stability.md and .csv,
     one section (a `protocol` column) per version: how often a bootstrap over trials and seeds
-    changes each arm's pick. The markdown is also printed."""
+    changes each arm's pick; and, where a later version ran trials of an earlier one again (the
+    same points and seeds), repeats.md and .csv: whether they scored the same. The markdown is
+    also printed."""
     import argparse
     import sys
 
@@ -448,4 +488,12 @@ def main(argv: list[str] | None = None) -> None:
     texts.append(f"{written_by}.\n\n" + "\n".join(sections))
     (out / "pick_stability.md").write_text(texts[-1])
     tables.write_csv(pd.concat(stability, ignore_index=True), out / "pick_stability.csv")
+    repeated = repeats(trials)
+    if not repeated.empty:
+        texts.append(
+            f"{written_by}.\n\n"
+            + repeats_markdown(repeated, title=f"Trials run again by a later protocol ({args.record})")
+        )
+        (out / "repeats.md").write_text(texts[-1])
+        tables.write_csv(repeated, out / "repeats.csv")
     print("\n".join(texts))
