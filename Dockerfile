@@ -1,12 +1,25 @@
-# CUDA runtime image for the training scripts (cannot be built on the CI machine: no Docker
-# engine there). Build: docker build -t horst .   Run, e.g.:
+# GPU image for the training scripts (cannot be built on the CI machine: no Docker engine there;
+# tests/test_dockerfile.py reads this file against requirements.lock). Build: docker build -t horst .
+# Run, e.g.:
 #   docker run --gpus all -v /data:/data horst train_vit.py experiment=deit_small_acdc_s90 \
 #       optimizer=horst data.root=/data/imagenet
-FROM nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04
+#
+# Base: plain Python, no CUDA toolkit. The locked torch is a CUDA 13.0 build whose CUDA libraries
+# come as pip wheels (requirements.lock: nvidia-cuda-runtime 13.*, nvidia-cudnn-cu13, nvidia-nccl-cu13,
+# ...); torch loads those, never a system CUDA, so an nvidia/cuda base would only add a second CUDA
+# that nothing uses (12.4 here before, which suggested a 12.4 driver would do). What the host must
+# give is the driver, mounted by the NVIDIA container toolkit: >= 580.65.06 for CUDA 13
+# (horst_sparse/training/env.py MIN_DRIVER); with an older one device=cuda stops at start-up saying so.
+# The official python image carries Python's headers (/usr/local/include/python3.11); gcc and the C
+# library's headers are added: Triton compiles a small C module with them the first time a
+# torch.compile'd kernel runs (horst's fast path, compile=true), and horst's CPU kernel builds with $CC.
+FROM python:3.11-slim-bookworm
 
-ENV DEBIAN_FRONTEND=noninteractive PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1
+# What the nvidia/cuda images set: the toolkit then mounts the driver's compute libraries and nvidia-smi.
+ENV DEBIAN_FRONTEND=noninteractive PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1 \
+    NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3.11 python3.11-venv python3-pip git \
+ && apt-get install -y --no-install-recommends gcc libc6-dev git \
  && rm -rf /var/lib/apt/lists/*
 RUN python3.11 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH

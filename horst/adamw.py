@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype
 
 from horst._cpu_kernel import BASE_ADAMW
 from horst.functional import Descend, Scalars, scalars
@@ -59,14 +60,14 @@ class _AdamWBase(MirrorOptimizer):
         return ("exp_avg", "exp_avg_sq")
 
     def _prepare(self, param: Tensor, state: dict[str, Any], group: dict[str, Any]) -> int:
-        if not state:  # exactly torch.optim.AdamW's state
+        if not state:  # exactly torch.optim.AdamW's state; a loaded step is a CPU tensor (__setstate__)
             state["step"] = torch.tensor(0.0, dtype=torch.float32)
             state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
             state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-        elif not torch.is_tensor(state["step"]):  # older checkpoints hold a number
-            state["step"] = torch.tensor(float(state["step"]), dtype=torch.float32)
-        state["step"] += 1
-        return int(state["step"].item())
+        step = state["step"]
+        # counts as torch's `step += 1` does (in the step's dtype), at a third of its host cost;
+        # read on the CPU: no sync
+        return int(step.fill_(step.item() + 1).item())
 
     def _scalars(
         self, group: dict[str, Any], lr: float | Tensor, step: int, mirror: tuple[float | Tensor, ...]
@@ -211,26 +212,22 @@ class HAM(_AdamWBase):
     def _guard(self, group: dict[str, Any]) -> bool:
         return group["nan_guard"]
 
-    def _needs_norms(self, group: dict[str, Any]) -> bool:
-        return group["max_norm"] is not None
+    def _norm_cap(self, group: dict[str, Any]) -> float | None:
+        return group["max_norm"]
 
-    def _after_step(self, group: dict[str, Any], params: list[Tensor], sums_of_squares: dict[Tensor, float]) -> None:
+    def _after_step(self, group: dict[str, Any], params: list[Tensor]) -> None:
         """The reference wrapper's norm cap, on every parameter with a gradient (biases and norms
-        too): a tensor whose L2 norm exceeds ``max_norm`` is rescaled to it. The C kernel summed
-        the squares of the tensors it stepped; the others' norms are computed here (a DTensor's
-        is its whole tensor's)."""
+        too): a tensor whose L2 norm exceeds ``max_norm`` is rescaled to it. The step capped
+        those it could in its own pass (``_norm_cap``); the others' norms are computed here (a
+        DTensor's is its whole tensor's)."""
         max_norm = group["max_norm"]
-        if max_norm is None:
+        if max_norm is None or not params:
             return
-        for param, total in sums_of_squares.items():
-            norm = math.sqrt(total)
-            if norm > max_norm:
-                param.mul_(max_norm / norm)
         # complex tensors as their real views, as in the step
-        rest = [torch.view_as_real(p) if p.is_complex() else p for p in params if p not in sums_of_squares]
-        if not rest:
-            return
-        norms = torch._foreach_norm(rest)
-        # min(1, max_norm / norm) without a host sync; a zero tensor keeps its factor 1
-        factors = [torch.clamp(max_norm / n.clamp(min=torch.finfo(n.dtype).tiny), max=1.0) for n in norms]
-        torch._foreach_mul_(rest, factors)
+        rest = [torch.view_as_real(p) if p.is_complex() else p for p in params]
+        for (_, dtype), ((tensors,), _) in _group_tensors_by_device_and_dtype([rest]).items():
+            # min(1, max_norm / norm) without a host sync, for all norms of a device and dtype at
+            # once (each computed as it would be alone); a zero tensor keeps its factor 1
+            norms = torch.stack(torch._foreach_norm(tensors))
+            factors = torch.clamp(max_norm / norms.clamp(min=torch.finfo(dtype).tiny), max=1.0)
+            torch._foreach_mul_(tensors, factors.unbind())

@@ -74,10 +74,11 @@ def scalars(**values: float | Tensor) -> Scalars:
     return Scalars(**neutral)
 
 
-def pack(values: Scalars, device: torch.device, dtype: torch.dtype) -> Tensor:
-    """The scalars as one tensor in ``SCALARS`` order (the compiled path's argument), in the
-    dtype the step computes in (``compute_dtype``): float64 tensors step with float64 scalars."""
-    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+def pack(values: Scalars, device: torch.device, dtype: torch.dtype, mirrored: float = math.inf) -> Tensor:
+    """The scalars as one tensor in ``SCALARS`` order followed by ``mirrored`` (``mirror_step_``'s
+    bound on the indices that take the mirror step; inf: all), the compiled path's argument, in
+    the dtype the step computes in (``compute_dtype``): float64 tensors step with float64 scalars."""
+    return torch.tensor((*values, mirrored), dtype=dtype).to(device, non_blocking=True)
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -104,18 +105,26 @@ def mirror_step_(
     s: Scalars,
     order: str,
     guard: bool,
+    mirrored: Tensor | None = None,
 ) -> None:
     """One step on ``param`` and its ``state`` tensors, in place (see the module docstring).
 
     Low-precision tensors are computed in float32 and stored back in their own dtype. With
     ``guard`` (HAM's NaN guard) a weight whose new value is not finite keeps its old value.
+    ``mirrored`` (1-D tensors, the compiled path's flat batches): only the elements at indices
+    below it take the mirror step and the guard; the others take the base's step alone, as
+    with the mirror's scalars at 0 (a factor of exactly 1).
     """
     dtype = compute_dtype(param.dtype)
     theta = param.to(dtype)
     g = grad.to(dtype) * s.grad_scale
+    mask = None if mirrored is None else torch.arange(param.numel(), device=param.device) < mirrored
     if order == "sm":  # S∘M: the mirror operator scales the gradient, Adam (or Lion, SGD) normalises it
-        g = g * (1 + s.alpha_u * theta.abs())
-        anchor = theta * s.decay * _exp_scalar(-s.lr_beta)
+        scaled = g * (1 + s.alpha_u * theta.abs())
+        g = scaled if mask is None else torch.where(mask, scaled, g)
+        anchor = theta * s.decay
+        shrunk = anchor * _exp_scalar(-s.lr_beta)
+        anchor = shrunk if mask is None else torch.where(mask, shrunk, anchor)
     else:
         anchor = theta * s.decay
     theta_half, neg_update, new_state = descend(anchor, theta, g, state, s)
@@ -123,8 +132,11 @@ def mirror_step_(
         new = theta_half
     else:
         new = theta_half * mirror_factor(theta_half, neg_update, g, s.alpha_u, s.alpha_g, s.lr_beta, s.clip)
+        if mask is not None:
+            new = torch.where(mask, new, theta_half)
     if guard:
-        new = torch.where(torch.isfinite(new), new, theta)
+        keep = torch.isfinite(new) if mask is None else torch.isfinite(new) | ~mask
+        new = torch.where(keep, new, theta)
     param.copy_(new)
     for tensor, value in zip(state, new_state):
         tensor.copy_(value)

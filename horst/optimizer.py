@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 import sys
-from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -54,6 +53,7 @@ class MirrorOptimizer(Optimizer):
             raise TypeError(f"{type(self).__name__} got unexpected keyword arguments {sorted(unknown)}")
         defaults = {**defaults, **CONVENTION_DEFAULTS, **conventions, "hyperbolic": None}
         self._check_group(defaults)
+        self._flat_buffers: dict = {}  # the fast path's flat copies of small tensors (horst._fast_path)
         super().__init__(params, defaults)
 
     # ------------------------------------------------------------------ hooks of a base optimizer
@@ -89,14 +89,15 @@ class MirrorOptimizer(Optimizer):
         """Whether hyperbolic tensors keep their old value where the step is not finite (HAM)."""
         return False
 
-    def _needs_norms(self, group: dict[str, Any]) -> bool:
-        """Whether ``_after_step`` uses the new parameters' norms (HAM's norm cap): the C kernel
-        then sums their squares in the step's own pass."""
-        return False
+    def _norm_cap(self, group: dict[str, Any]) -> float | None:
+        """The cap on each new parameter's L2 norm (HAM's), or None: the fast path applies it in
+        the step's own pass where it can (the C kernel sums the squares as it steps, a flat
+        compiled call scales its flat copy), ``_after_step`` to the others."""
+        return None
 
-    def _after_step(self, group: dict[str, Any], params: list[Tensor], sums_of_squares: dict[Tensor, float]) -> None:
-        """Runs after a group's step on the parameters it stepped (HAM's norm cap);
-        ``sums_of_squares`` holds those the C kernel summed (whole tensors only, not shards)."""
+    def _after_step(self, group: dict[str, Any], params: list[Tensor]) -> None:
+        """Runs after a group's step on the parameters it stepped that the step did not cap
+        (HAM's norm cap on the others)."""
 
     def _check_base(self, group: dict[str, Any]) -> None:
         """The base's own hyperparameters (betas, momentum, ...): ``ValueError`` naming the argument."""
@@ -194,16 +195,24 @@ class MirrorOptimizer(Optimizer):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Fills in group keys a state dict lacks (an AdamW checkpoint has no ``alpha``, older ones
-        no ``maximize``) from the defaults, as torch's optimizers do, and converts a number
-        ``step`` to the float32 tensor torch's AdamW keeps."""
+        no ``maximize``) from the defaults, as torch's optimizers do, and keeps ``step`` where
+        torch's non-fused AdamW keeps it, on the CPU: a number becomes a float32 tensor, and a
+        tensor on an accelerator (a fused AdamW checkpoint, or one torch's ``load_state_dict``
+        moved to its parameter because the saved group says ``fused=True``) is copied to the
+        CPU here, once, rather than read across at every step."""
         super().__setstate__(state)
+        self.__dict__.setdefault("_flat_buffers", {})  # not pickled: an unpickled optimizer makes its own
         for group in self.param_groups:
             for key, value in self.defaults.items():
                 group.setdefault(key, value)
         for param_state in self.state.values():
             step = param_state.get("step")
-            if step is not None and not torch.is_tensor(step):
+            if step is None:
+                continue
+            if not torch.is_tensor(step):
                 param_state["step"] = torch.tensor(float(step), dtype=torch.float32)
+            elif step.device.type != "cpu":
+                param_state["step"] = step.cpu()
 
     # ------------------------------------------------------------------ the step
 
@@ -239,35 +248,53 @@ class MirrorOptimizer(Optimizer):
         lr = group["lr"]  # a tensor lr stays one: the scalars follow torch's tensor-lr arithmetic
         descend, kernel_base = self._descend(group)
         names = self._state_names(group)
-        batches: dict[tuple[Any, bool], list[tuple[Tensor, tuple[Tensor, ...], bool]]] = defaultdict(list)
+        hyperbolic = group["hyperbolic"]
+        state_of = self.state
+        prepare = self._prepare
+        # per key (see _prepare): the parameters, their tensors, and whether each is whole and mirrored
+        batches: dict[Any, tuple[list[Tensor], list[tuple[Tensor, ...]], list[bool], list[bool]]] = {}
+        empty = []  # no element (on this rank, for a shard): no step, but the norm cap's collective
         for param in params:
-            state = self.state[param]
-            key = self._prepare(param, state, group)
-            hyperbolic = param.ndim >= 2 if group["hyperbolic"] is None else group["hyperbolic"]
-            tensors = local_shards((param, param.grad, *(state[name] for name in names)))
-            whole = tensors[0] is param  # not a shard: the kernel's sum of squares is the tensor's
+            state = state_of[param]
+            key = prepare(param, state, group)
+            tensors = (param, param.grad, *[state[name] for name in names])
+            if type(param) is not torch.nn.Parameter and type(param) is not Tensor:
+                tensors = local_shards(tensors)
             if tensors[0].numel() == 0:  # a rank holding no element of a sharded parameter
+                empty.append(param)
                 continue
+            whole = tensors[0] is param  # not a shard: the step's norm is the tensor's
             if param.is_complex():  # real and imaginary parts as independent reals, as torch's Adam
                 tensors = tuple(torch.view_as_real(t) for t in tensors)
-            batches[(key, hyperbolic)].append((param, tensors, whole))
-        sums_of_squares = {}
-        for (key, hyperbolic), entries in batches.items():
-            mirror = self._mirror(group, lr) if hyperbolic else (0.0, 0.0, 0.0, math.inf)
-            sums = mirror_step_foreach_(
+            batch = batches.get(key)
+            if batch is None:
+                batch = batches[key] = ([], [], [], [])
+            batch[0].append(param)
+            batch[1].append(tensors)
+            batch[2].append(whole)
+            batch[3].append(param.ndim >= 2 if hyperbolic is None else hyperbolic)
+        norm_cap = self._norm_cap(group)
+        guard = self._guard(group)
+        order = group.get("order", "ms")
+        fast = use_fast_path(group["fused"])
+        rest = empty
+        mirror = self._mirror(group, lr)
+        for key, (batch_params, tensors, whole, mirrored) in batches.items():
+            capped = mirror_step_foreach_(
                 descend,
                 kernel_base,
-                [tensors for _, tensors, _ in entries],
+                tensors,
                 self._scalars(group, lr, key, mirror),
-                order=group.get("order", "ms"),
-                guard=hyperbolic and self._guard(group),
-                fast=use_fast_path(group["fused"]),
-                sums_of_squares=self._needs_norms(group),
+                order=order,
+                guard=guard,
+                fast=fast,
+                mirrored=mirrored,
+                norm_cap=norm_cap,
+                whole=whole,
+                buffers=self._flat_buffers,
             )
-            for (param, _, whole), total in zip(entries, sums):
-                if whole and total is not None:
-                    sums_of_squares[param] = total
-        self._after_step(group, params, sums_of_squares)
+            rest += [param for param, done in zip(batch_params, capped) if not done]
+        self._after_step(group, rest)
 
 
 def local_shards(tensors: tuple[Tensor, ...]) -> tuple[Tensor, ...]:

@@ -56,9 +56,11 @@ def magnitude_histogram(
             raise ValueError(f"value_range must be (low, high) with low < high, got {value_range!r}")
     counts = torch.zeros(bins, dtype=torch.float64)
     for weight in weights.values():
-        # float64 so that counts stay exact beyond 2**24 per bin
-        values = _histogram_values(weight, log).double()
-        counts += torch.histc(values, bins=bins, min=low, max=high).cpu()
+        # Counted on the CPU: torch.histc has no deterministic CUDA kernel (deterministic runs
+        # would stop here), and every device then bins alike. float64 so that counts stay exact
+        # beyond 2**24 per bin.
+        values = _histogram_values(weight, log).cpu().double()
+        counts += torch.histc(values, bins=bins, min=low, max=high)
     return counts.long(), torch.linspace(low, high, bins + 1, dtype=torch.float64)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -317,3 +318,36 @@ def test_random_windows_shift_targets_and_shard_one_global_draw():
     ranks = [RandomWindows(tokens, context=16, seed=3) for _ in range(2)]
     halves = [r.global_offsets(8).view(2, 1, 4)[rank][0] for rank, r in enumerate(ranks)]
     assert torch.equal(torch.cat(halves), offsets)
+
+
+class _ReadLog:
+    """Tokens whose reads record the thread that made them."""
+
+    def __init__(self, tokens: np.ndarray) -> None:
+        self.tokens, self.threads = tokens, []
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __getitem__(self, window: slice) -> np.ndarray:
+        self.threads.append(threading.current_thread().name)
+        return self.tokens[window]
+
+
+def test_an_updates_micro_batches_are_one_draw_each_read_ahead_in_a_thread():
+    tokens = np.arange(5000, dtype=np.uint16)
+    log = _ReadLog(tokens)
+    ahead, plain = RandomWindows(log, context=16, seed=3), RandomWindows(tokens, context=16, seed=3)
+    cpu = torch.device("cpu")
+    for update in range(3):
+        got = list(ahead.update(24, 4, rank=1, world_size=2, device=cpu))  # 3 micro-batches of 4 on rank 1
+        offsets = plain.global_offsets(24).view(2, 3, 4)[1]
+        expected = [plain.batch(offsets[micro], cpu) for micro in range(3)]
+        assert len(got) == 3 and all(torch.equal(g[0], e[0]) and torch.equal(g[1], e[1]) for g, e in zip(got, expected))
+        # The one draw per update from the checkpointed generator: resumed runs see the same batches.
+        assert torch.equal(ahead.generator.get_state(), plain.generator.get_state()), update
+    ahead._ahead[1].result()  # the read of the 4th update's first micro-batch, under way
+    # Only the very first micro-batch was read in the training thread; every later one, the next
+    # update's first included, by the reader thread while the previous one was being used.
+    reads = [name.startswith("windows") for name in log.threads]
+    assert reads == [False] * 4 + [True] * (len(reads) - 4) and len(reads) == 4 * 10

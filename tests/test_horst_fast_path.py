@@ -338,3 +338,61 @@ def test_float64_fast_path_is_float64_exact():
     plain, _ = run(horst_factory("ms", fused=False), steps=20, lrs=LRS, dtype=torch.float64)
     assert fast[0].dtype == torch.float64
     assert_close(fast, plain, tol=1e-13)
+
+
+def test_compiled_path_steps_small_tensors_in_one_call_per_device_and_dtype(monkeypatch):
+    """Off the C kernel (CUDA's path) small tensors of one device and dtype take one compiled
+    call over flat copies, mirrored or not, whatever their shapes and memory layouts (a gradient
+    laid out unlike its parameter too); a 0-d tensor and a large one take a call each. The
+    result is the plain path's (HAM: with its norm cap acting, on the flat copy)."""
+    calls = []
+    compiled = _fast_path._compiled_kernel()
+    monkeypatch.setattr(
+        _fast_path, "_compiled_kernel", lambda: lambda *args: calls.append(args[1].numel()) or compiled(*args)
+    )
+    monkeypatch.setattr(_cpu_kernel, "supports", lambda tensors: False)
+    generator = torch.Generator().manual_seed(0)
+    shapes = [(6, 5), (5,), (3, 2, 4), (6, 5), (5,), (), (_fast_path.FLAT_NUMEL,)]
+    initial = [torch.randn(shape, generator=generator) for shape in shapes]
+    initial[3] = initial[3].t().contiguous().t()  # dense, not contiguous
+    grads = [[torch.randn(shape, generator=generator) for shape in shapes] for _ in range(3)]
+    results = {}
+    for fused in (True, False):
+        params = [torch.nn.Parameter(t.clone().as_strided(t.shape, t.stride())) for t in initial]
+        optimizer = horst.HAM(params, lr=1e-3, max_norm=3.0, fused=fused)
+        for step_grads in grads:
+            for index, (p, g) in enumerate(zip(params, step_grads)):
+                # in the parameter's layout, but one contiguous for the transposed parameter
+                p.grad = g.clone() if index == 3 else torch.empty_like(p).copy_(g)
+            optimizer.step()
+        results[fused] = [p.detach().clone() for p in params]
+    # per step: the 2-D, 3-D and 1-D tensors in one call, the 0-d and the large one alone
+    assert sorted(calls[:3]) == [1, 30 + 30 + 24 + 5 + 5, _fast_path.FLAT_NUMEL] and len(calls) == 9
+    assert_close(results[True], results[False])
+    assert any(p.norm() > 3.0 for p in initial[:5]) and all(p.norm() <= 3.0 + 1e-5 for p in results[True])
+    assert results[True][3].stride() == initial[3].stride()
+
+
+def test_flat_copies_kept_between_steps_follow_the_gradients_present(monkeypatch):
+    """The compiled path keeps its flat copies of small tensors from step to step, per layout:
+    a step where some parameters have no gradient (another layout) and the steps after it
+    match the plain path, and at most ``KEPT_LAYOUTS`` layouts are kept."""
+    monkeypatch.setattr(_cpu_kernel, "supports", lambda tensors: False)
+    monkeypatch.setattr(_fast_path, "KEPT_LAYOUTS", 2)
+    generator = torch.Generator().manual_seed(0)
+    shapes = [(4, 3), (3,), (4, 3), (2, 2, 2), (3,)]
+    initial = [torch.randn(shape, generator=generator) for shape in shapes]
+    # the parameters with a gradient at each step: three layouts, the first one again at the end
+    present = [range(5), range(5), [0, 1, 3], [1, 2, 4], range(5), range(5)]
+    grads = [[torch.randn(shape, generator=generator) for shape in shapes] for _ in present]
+    results, optimizers = {}, {}
+    for fused in (True, False):
+        params = [torch.nn.Parameter(t.clone()) for t in initial]
+        optimizers[fused] = optimizer = horst.HORST(params, lr=1e-2, alpha=20.0, beta=0.5, fused=fused)
+        for indices, step_grads in zip(present, grads):
+            for index, (p, g) in enumerate(zip(params, step_grads)):
+                p.grad = g.clone() if index in indices else None
+            optimizer.step()
+        results[fused] = [p.detach().clone() for p in params]
+    assert_close(results[True], results[False])
+    assert len(optimizers[True]._flat_buffers) == 2 and not optimizers[False]._flat_buffers

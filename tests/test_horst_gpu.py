@@ -138,3 +138,30 @@ def test_cuda_semi_structured_matches_dense():
     assert len(pruning.to_semi_structured_(model)["converted"]) == 2
     sparse = model(x)
     assert ((sparse - dense).abs().max() / dense.abs().max()).item() < 1e-2
+
+
+@pytest.mark.parametrize("name", ["HORST", "HAM"])
+def test_cuda_step_after_loading_cuda_steps_does_not_sync(name):
+    """A state dict whose ``step`` tensors are on CUDA (a fused AdamW checkpoint; torch's
+    load_state_dict also moves them there for a group saved with fused=True) loads with its
+    steps on the CPU, so no step reads the device (0-d tensors, which the checks above skip)."""
+    make = OPTIMIZERS[name]
+    params = [torch.nn.Parameter(torch.randn(s, device=CUDA)) for s in SHAPES]
+    saved_from = make(params, True)
+    for _ in range(2):  # compiles the kernels before the sync check
+        for p in params:
+            p.grad = torch.randn_like(p)
+        saved_from.step()
+    saved = saved_from.state_dict()
+    for state in saved["state"].values():
+        state["step"] = state["step"].to(CUDA)
+    optimizer = make(params, True)
+    optimizer.load_state_dict(saved)
+    assert all(state["step"].device.type == "cpu" for state in optimizer.state.values())
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            optimizer.step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

@@ -528,3 +528,44 @@ def test_load_state_dict_checks_every_state_tensor_before_any_change(cls):
     saved["state"][2][name] = saved["state"][2][name].to(torch.int64)
     with pytest.raises(ValueError, match=rf"{name}' of param_groups\[0\]\['params'\]\[2\] is torch.int64"):
         make(params).load_state_dict(saved)
+
+
+class StepOnAnAccelerator(torch.Tensor):
+    """A step tensor as if on an accelerator, where reading it on the host syncs: it says its
+    device is CUDA and counts its reads (``item``, ``float``, ...) and its moves to the CPU."""
+
+    reads = 0
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func == torch.Tensor.device.__get__:
+            return torch.device("cuda")
+        if func in (torch.Tensor.item, torch.Tensor.__float__, torch.Tensor.__int__, torch.Tensor.tolist):
+            cls.reads += 1
+        if func in (torch.Tensor.cpu, torch.Tensor.to):  # a move to the CPU: one read, a plain tensor
+            cls.reads += 1
+            with torch._C.DisableTorchFunctionSubclass():
+                return args[0].clone()
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+@pytest.mark.parametrize("cls", [horst.HORST, horst.HAM])
+@pytest.mark.parametrize("fused", [False, True], ids=["plain", "C-kernel"])
+def test_step_loaded_on_an_accelerator_is_read_once_not_at_every_step(cls, fused):
+    """A state dict whose steps are on an accelerator (a fused AdamW checkpoint, or torch's
+    load_state_dict moving them for a group saved with fused=True) used to be read on the host,
+    a device sync, once per parameter per step; it is now moved to the CPU once, at load."""
+    saved = _stepped(lambda ps: cls(ps, fused=fused), make_params()).state_dict()
+    for state in saved["state"].values():
+        state["step"] = state["step"].as_subclass(StepOnAnAccelerator)
+    params = make_params()
+    optimizer = cls(params, fused=fused)
+    StepOnAnAccelerator.reads = 0
+    optimizer.load_state_dict(saved)
+    assert StepOnAnAccelerator.reads <= len(params)
+    for step in range(3, 6):
+        for p, g in zip(params, gradients(params, step)):
+            p.grad = g
+        optimizer.step()
+    assert StepOnAnAccelerator.reads <= len(params)
+    assert all(type(state["step"]) is torch.Tensor and state["step"].item() == 5 for state in optimizer.state.values())

@@ -55,3 +55,17 @@ def test_another_pipelines_preset_is_one_line(script, argument, owner):
         f"error: {argument} is a preset of {owner}; {script} takes {argument.split('=')[0]}="
         + " | ".join(presets("gpt2" if script == "train_gpt2.py" else "vit")[argument.split("=")[0]])
     ]
+
+
+def test_the_gpu_recipes_ask_for_cuda_and_every_other_run_takes_what_works(compose):
+    """A GPU recipe where CUDA does not work stops at start-up (horst_sparse.training.env); the
+    embedded defaults and the smoke presets keep device=auto (the CPU there)."""
+    import yaml
+
+    experiments = {p.stem: yaml.safe_load(p.read_text()) for p in (ROOT / "configs" / "experiment").glob("*.yaml")}
+    gpu = {name for name in experiments if name.startswith("deit_")} | {"gpt2_small_slimpajama"}
+    assert {name for name, node in experiments.items() if node.get("device") == "cuda"} == gpu
+    assert all("device" not in node for name, node in experiments.items() if name not in gpu)
+    assert compose("vit", ["experiment=deit_base_acdc_s90"])["device"] == "cuda"  # the experiment wins
+    assert compose("gpt2", ["experiment=gpt2_small_slimpajama"])["device"] == "cuda"
+    assert compose("vit", [])["device"] == compose("gpt2", [])["device"] == "auto"

@@ -55,3 +55,45 @@ def test_histogram_fixed_range_and_errors():
         pruning.magnitude_histogram(weights, value_range=(1.0, 1.0))
     with pytest.raises(ValueError, match="bins"):
         pruning.magnitude_histogram(weights, bins=0)
+
+
+@pytest.fixture
+def deterministic():
+    """torch.use_deterministic_algorithms(True) for the test, as `deterministic=true` runs set it."""
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(before)
+
+
+def test_histogram_counts_what_histc_counts_of_each_weight_in_float64(deterministic):
+    """The counts are unchanged on the CPU, deterministic or not: torch.histc's over each
+    weight's log-magnitudes in float64, summed."""
+    generator = torch.Generator().manual_seed(2)
+    weights = {"a": torch.randn(64, 32, generator=generator), "b": 1e-3 * torch.randn(7, generator=generator)}
+    counts, _ = pruning.magnitude_histogram(weights, bins=17, log=True)
+    values = {name: w.abs().reshape(-1).log10() for name, w in weights.items()}
+    low = min(float(v.min()) for v in values.values())
+    high = max(float(v.max()) for v in values.values())
+    expected = sum(torch.histc(v.double(), bins=17, min=low, max=high) for v in values.values())
+    assert torch.equal(counts, expected.long())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (make gpu-check on a GPU machine)")
+def test_histogram_of_cuda_weights_under_deterministic_algorithms(deterministic):
+    """torch.histc has no deterministic CUDA kernel: `deterministic=true` runs stopped at their
+    first weight histogram. CUDA weights are counted as their CPU copies are (CPU stand-in:
+    the test above)."""
+    generator = torch.Generator().manual_seed(3)
+    weights = {"a": torch.randn(100, 50, generator=generator), "b": torch.randn(30, generator=generator)}
+    pruning.prune_(weights, 0.5)
+    on_gpu = {name: w.cuda() for name, w in weights.items()}
+    counts, _ = pruning.magnitude_histogram(on_gpu, bins=30, log=True)  # as the pipelines call it
+    assert counts.sum() == pruning.sparsity_stats(weights)["numel"] - pruning.sparsity_stats(weights)["zeros"]
+    # |w| is exact on either device (log10 may round differently at a bin edge)
+    for actual, expected in zip(
+        pruning.magnitude_histogram(on_gpu, bins=30, log=False),
+        pruning.magnitude_histogram(weights, bins=30, log=False),
+    ):
+        assert torch.equal(actual, expected)

@@ -18,6 +18,7 @@ from horst_sparse.training.checkpoint import (
     load_checkpoint,
     prune_old_checkpoints,
     resolve_resume,
+    restore_rng_state,
     restore_training_state,
     save_checkpoint,
     step_checkpoint,
@@ -109,6 +110,20 @@ def test_rng_state_survives_weights_only(tmp_path):
     loaded = load_checkpoint(tmp_path / "rng.pt")
     assert loaded["python"][1] == state["python"][1]
     assert torch.equal(loaded["numpy"]["state"]["key"], state["numpy"]["state"]["key"])
+
+
+def test_cuda_rng_states_go_to_the_devices_this_process_sees(monkeypatch):
+    """A checkpoint of a process that saw two GPUs, resumed by one that sees one (a requeue onto
+    another allocation): the first device's state is restored, the other has no device here.
+    There is no GPU here: torch.cuda's calls are stood in for."""
+    state = capture_rng_state()
+    state["cuda"] = [torch.full((16,), 1, dtype=torch.uint8), torch.full((16,), 2, dtype=torch.uint8)]
+    restored = {}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda new_state, device: restored.update({device: new_state}))
+    restore_rng_state(state)
+    assert list(restored) == [0] and torch.equal(restored[0], state["cuda"][0])
 
 
 @pytest.fixture

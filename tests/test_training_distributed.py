@@ -18,7 +18,17 @@ from horst_sparse.training.distributed import (
     unsharded,
 )
 
-LAUNCH_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SUBMITIT_EXECUTOR")
+LAUNCH_VARS = (
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_STEP_NUM_TASKS",
+    "SUBMITIT_EXECUTOR",
+)
 
 
 @pytest.fixture(autouse=True)
@@ -40,6 +50,7 @@ def test_single_process_without_launcher():
 def test_slurm_variables_become_torch_env(monkeypatch):
     monkeypatch.setenv("SLURM_PROCID", "3")
     monkeypatch.setenv("SLURM_NTASKS", "4")
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "4")  # srun's
     monkeypatch.setenv("SLURM_LOCALID", "1")
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu[07-08]")
@@ -53,6 +64,50 @@ def test_single_slurm_task_is_not_distributed(monkeypatch):
     monkeypatch.setenv("SLURM_PROCID", "0")
     monkeypatch.setenv("SLURM_NTASKS", "1")
     assert init_distributed("cpu").world_size == 1
+
+
+def test_plain_python_in_a_multi_task_sbatch_script_trains_alone_instead_of_waiting(monkeypatch, capsys):
+    """An sbatch --ntasks=4 script's own process: SLURM_PROCID=0 and the allocation's SLURM_NTASKS,
+    but no srun step (no SLURM_STEP_NUM_TASKS); no other process will join its process group."""
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    monkeypatch.setenv("SLURM_NTASKS", "4")
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu07")
+    assert init_distributed("cpu") == DistInfo()
+    assert "WORLD_SIZE" not in os.environ
+    (note,) = capsys.readouterr().err.strip().splitlines()
+    assert "4 tasks" in note and "not started by srun" in note and "srun python" in note
+
+
+@pytest.fixture
+def two_cuda_ranks(monkeypatch):
+    """torchrun's variables of local rank 3 of a 2-process job on CUDA (mocked: no GPU here)."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    started = {}
+    monkeypatch.setattr(distributed.dist, "init_process_group", lambda **kwargs: started.update(kwargs))
+    return started
+
+
+def test_a_rank_bound_to_one_gpu_starts_nccl_on_the_gpu_it_sees(monkeypatch, two_cuda_ranks):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # SLURM's --gpus-per-task=1
+    assert init_distributed("cuda") == DistInfo(rank=1, world_size=2, local_rank=3)
+    assert two_cuda_ranks["backend"] == "nccl" and two_cuda_ranks["device_id"] == torch.device("cuda", 0)
+
+
+def test_ranks_on_cuda_without_cuda_stop_in_one_line_before_nccl(monkeypatch, two_cuda_ranks):
+    import torch
+
+    from horst_sparse.training.config import RunError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RunError, match="^device=cuda, but "):
+        init_distributed("cuda")
+    assert not two_cuda_ranks
 
 
 def test_one_process_trains_the_model_itself_and_accumulates_gradients():

@@ -1,8 +1,10 @@
 """horst_sparse.training.runner: the non-finite guard, checkpoints that are never non-finite, the resume
-check that lists every changed setting."""
+check that lists every changed setting, resumes that load on the CPU whatever the run's device (on
+CUDA too: marker ``gpu``), fast-path fallbacks in summary.json."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -12,6 +14,9 @@ import torch
 from conftest import ROOT, _subprocess_env
 from omegaconf import OmegaConf
 
+import horst
+from horst import _fast_path
+from horst_sparse.training import checkpoint
 from horst_sparse.training.checkpoint import CheckpointError, checkpoint_path, save_checkpoint
 from horst_sparse.training.config import ConfigError, RunError
 from horst_sparse.training.runner import LOCK_FILE, NonFiniteLossError, Run, config_differences, release_run_folder
@@ -211,3 +216,123 @@ def test_a_misspelt_resume_override_key_is_refused_before_the_run_starts(tmp_pat
     assert result.returncode == 2, result.stderr[-2000:]
     assert "resume_override has train.lrr, which is not a setting; did you mean train.lr?" in result.stderr
     assert not run_dir.exists()
+
+
+def test_a_resume_loads_the_checkpoint_on_the_cpu_whatever_the_runs_device(tmp_path, monkeypatch):
+    """A GPU run's resume, with the meta device standing in for the GPU: a tensor that the load
+    put on the run's device would have no data, so neither the model, the optimizer nor the RNG
+    could take it. The checkpoint loads on the CPU; the RNG states restored are CPU ByteTensors
+    and the optimizer's `step` stays a CPU tensor, where torch's non-fused AdamW keeps it."""
+    run = tiny_run(tmp_path)
+    model, _ = tracked(run)
+    model(torch.ones(1, 2)).sum().backward()
+    run._tracked["optimizer"].step()
+    run.save(step=1)
+    run.close()
+    restored = []
+    restore_rng_state = checkpoint.restore_rng_state
+
+    def noting_rng_state(state, generators):
+        restored.append(state)
+        restore_rng_state(state, generators)
+
+    monkeypatch.setattr(checkpoint, "restore_rng_state", noting_rng_state)
+    resumed = tiny_run(tmp_path)
+    resumed.device = torch.device("meta")
+    model, state = tracked(resumed)
+    resumed.close()
+    assert state["step"] == 1
+    (rng,) = restored
+    for tensor in (rng["torch"], rng["numpy"]["state"]["key"], *rng["cuda"]):
+        assert tensor.device.type == "cpu"
+    assert rng["torch"].dtype == torch.uint8 and all(t.dtype == torch.uint8 for t in rng["cuda"])
+    optimizer = resumed._tracked["optimizer"]
+    for param in model.parameters():
+        assert optimizer.state[param]["step"].device.type == "cpu"
+        assert optimizer.state[param]["exp_avg"].device == param.device
+
+
+def test_a_fast_path_that_fell_back_is_recorded_in_the_summary_and_named_at_the_end(tmp_path, monkeypatch, capsys):
+    """horst's compiled path fails (a compiler that raises) and the plain path takes over: the
+    run's summary.json lists it (`fast_path_fallbacks`; empty in a run without one) and the run
+    ends with one line that says so."""
+    run = tiny_run(tmp_path / "fast")
+    tracked(run)
+    run.finish({"pruning": {"results": []}})
+    assert json.loads((tmp_path / "fast" / "summary.json").read_text())["fast_path_fallbacks"] == []
+    assert "fast path failed" not in capsys.readouterr().err
+
+    def compiler_that_fails():
+        def compiled(*args):
+            raise RuntimeError("no compiler here")
+
+        return compiled
+
+    monkeypatch.setattr(_fast_path, "_failed", set())  # this process's record, fresh
+    monkeypatch.setattr(_fast_path, "_compiled_kernel", compiler_that_fails)
+    run = tiny_run(tmp_path / "fell_back")
+    tracked(run)
+    param = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))  # not float32: the compiled path, not the C kernel
+    param.grad = torch.ones_like(param)
+    with pytest.warns(RuntimeWarning, match="the torch.compile fast path failed"):
+        horst.HORST([param], lr=0.1, fused=True).step()
+    run.finish({"pruning": {"results": []}})
+    summary = json.loads((tmp_path / "fell_back" / "summary.json").read_text())
+    assert summary["fast_path_fallbacks"] == ["torch.compile"]
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if "fast path failed" in line]
+    assert line.startswith("warning: horst's fast path failed in this run (torch.compile)")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (make gpu-check on a GPU machine)")
+def test_a_cuda_run_resumes_through_the_runner_and_its_steps_after_it_do_not_sync(tmp_path):
+    """A requeued GPU run: a HORST run on CUDA checkpoints, a new `Run` resumes it (`Run.restore`,
+    the runner's load path) and continues. Checks: the resume no longer crashes (the RNG states
+    were loaded onto the GPU); the CUDA RNG state is restored; the moments are on the GPU and each
+    `step` counter a CPU tensor; the continued run equals the uninterrupted one; and the steps after
+    the resume run under `torch.cuda.set_sync_debug_mode("error")`: no host sync in the forward,
+    backward, HORST's step (the plain path: the fast path's own step is horst's to test) or the
+    loss guard. CPU stand-in: the test above with the meta device."""
+    cuda = torch.device("cuda")
+    batches = [torch.randn(4, 8, device=cuda, generator=torch.Generator(cuda).manual_seed(i)) for i in range(6)]
+
+    def start():
+        run = tiny_run(tmp_path, device="cuda")
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).to(cuda)
+        optimizer = horst.HORST(model.parameters(), lr=1e-2, weight_decay=0.1, alpha=20.0, beta=0.5, fused=False)
+        scheduler = build_lr_scheduler(optimizer, total_steps=10, warmup_steps=2, min_lr=0.0)
+        state = run.restore(model=model, optimizer=optimizer, scheduler=scheduler, lr=run.cfg.train.lr)
+        return run, model, optimizer, scheduler, state
+
+    def train(run, model, optimizer, scheduler, steps):
+        for step in steps:
+            loss = model(batches[step]).square().mean()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            scheduler.step_update(step + 1)
+            run.watch_loss(loss, step=step)
+
+    run, model, optimizer, scheduler, _ = start()
+    train(run, model, optimizer, scheduler, range(3))
+    run.save(step=3)
+    rng_at_3 = torch.cuda.get_rng_state()
+    train(run, model, optimizer, scheduler, range(3, 6))
+    expected = [p.detach().clone() for p in model.parameters()]
+    run.close()
+
+    torch.cuda.manual_seed(1234)  # moved on: the resume must put it back
+    run, model, optimizer, scheduler, state = start()
+    assert state["step"] == 3 and torch.equal(torch.cuda.get_rng_state(), rng_at_3)
+    for param in model.parameters():
+        assert optimizer.state[param]["step"].device.type == "cpu"
+        assert optimizer.state[param]["exp_avg"].device == param.device
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        train(run, model, optimizer, scheduler, range(3, 6))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    run.check_losses()
+    run.close()
+    assert all(torch.equal(p, e) for p, e in zip(model.parameters(), expected))

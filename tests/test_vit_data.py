@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -478,3 +479,110 @@ def test_a_tiny_mnist1d_run_reports_on_the_split_eval_split_says(tmp_path):
     assert summary["epochs"][-1]["top1"] == pytest.approx(on["validation"]["top1"])
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["test/top1"] for r in records if "test/top1" in r] == [summary["top1"]]
+
+
+# ---- the file list cache and the loaders' workers ----------------------------------------------
+
+
+def _settle(folder: Path) -> None:
+    """Every directory under `folder` an hour old, past `RACY_MTIME_S`: its listing may be cached."""
+    old = time.time() - 3600
+    for directory in [folder, *[p for p in folder.rglob("*") if p.is_dir()]]:
+        os.utime(directory, (old, old))
+
+
+def test_the_file_list_is_torchvisions_and_cached_until_a_folder_changes(tmp_path, monkeypatch):
+    from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
+
+    from horst_sparse.vit import data
+
+    folder = tmp_path / "train"
+    for name in ("b/x2.JPEG", "b/x10.png", "b/notes.txt", "a/sub/z.jpg", "a/sub/deeper/y.jpg", "a/a.JPG", "a/sub.jpg"):
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(b"")
+    (folder / "a" / "linked").symlink_to(folder / "b", target_is_directory=True)  # followed, as torchvision does
+    _settle(folder)
+    classes = ["a", "b"]
+    expected = make_dataset(str(folder), {"a": 0, "b": 1}, extensions=IMG_EXTENSIONS)
+    assert data.image_files(folder, classes, IMG_EXTENSIONS) == expected
+    beside, _ = data.file_list_paths(folder)
+    assert beside == tmp_path / ".train.files.json" and beside.is_file()
+
+    def no_scan(*args):
+        raise AssertionError("listed again")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(data, "_scan", no_scan)
+        assert data.image_files(folder, classes, IMG_EXTENSIONS) == expected  # from the cache
+
+    (folder / "a" / "sub" / "deeper" / "new.png").write_bytes(b"")  # a change two folders down
+    expected = make_dataset(str(folder), {"a": 0, "b": 1}, extensions=IMG_EXTENSIONS)
+    assert data.image_files(folder, classes, IMG_EXTENSIONS) == expected and len(expected) == 9
+    # Just changed: listed, not cached (a change within the mtime's resolution would go unseen).
+    assert "new.png" not in beside.read_text()
+    _settle(folder)
+    assert data.image_files(folder, classes, IMG_EXTENSIONS) == expected and "new.png" in beside.read_text()
+
+
+def test_a_read_only_data_folder_caches_its_file_list_under_the_user_cache(tmp_path, monkeypatch, capsys):
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
+    from horst_sparse.vit import data
+
+    folder = tmp_path / "data" / "train"
+    _png(folder / "c" / "i.png")
+    _settle(folder)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    beside, fallback = data.file_list_paths(folder)
+    assert fallback.parent == tmp_path / "cache" / "horst_sparse" / "file_lists"
+    monkeypatch.setattr(data, "file_list_paths", lambda f: (Path("/proc/no/such/list.json"), fallback))  # unwritable
+    assert data.image_files(folder, ["c"], IMG_EXTENSIONS) == [(str(folder / "c" / "i.png"), 0)]
+    assert fallback.is_file() and f"the file list of {folder} is cached at {fallback}" in capsys.readouterr().err
+
+
+def test_under_ddp_rank_zero_writes_the_file_list_and_the_others_read_it(tmp_path, monkeypatch):
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
+    import horst_sparse.training.distributed as distributed
+    from horst_sparse.vit import data
+
+    folder = tmp_path / "train"
+    _png(folder / "c" / "i.png")
+    _settle(folder)
+    beside, _ = data.file_list_paths(folder)
+    events = []
+    monkeypatch.setattr(distributed, "barrier", lambda: events.append(("barrier", beside.is_file())))
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda: 0)
+    data.image_files(folder, ["c"], IMG_EXTENSIONS)
+    assert events == [("barrier", True)]  # rank 0 lists and writes, then releases the others
+
+    events.clear()
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda: 1)
+    monkeypatch.setattr(data, "_scan", lambda *a: events.append("listed"))
+    assert data.image_files(folder, ["c"], IMG_EXTENSIONS) == [(str(folder / "c" / "i.png"), 0)]
+    assert events == [("barrier", True)]  # waits for rank 0, then reads, lists nothing
+
+
+class _Pid(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i):
+        return os.getpid()
+
+
+def test_loader_workers_persist_across_epochs_and_evaluations():
+    from horst_sparse.vit.data import PREFETCH_FACTOR
+
+    train = TrainLoader(
+        _Pid(), batch_size=2, seed=0, rank=0, world_size=1, repeated_aug=1, num_workers=2, pin_memory=False
+    )
+    val = eval_loader(_Pid(), batch_size=2, rank=0, world_size=1, num_workers=2, pin_memory=False)
+    pids = lambda loader: set(torch.cat(list(loader)).tolist())  # noqa: E731
+    first = pids(train.epoch(0))
+    assert len(first) == 2 and pids(train.epoch(1)) == first and pids(train.epoch(2, start=2)) == first
+    assert pids(val) == pids(val) and not pids(val) & first
+    assert train.loader.prefetch_factor == val.prefetch_factor == PREFETCH_FACTOR
+    in_process = eval_loader(_Pid(), batch_size=2, rank=0, world_size=1, num_workers=0, pin_memory=False)
+    assert not in_process.persistent_workers and pids(in_process) == {os.getpid()}

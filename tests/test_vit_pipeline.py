@@ -228,9 +228,13 @@ def test_embedded_default_with_fewer_epochs(tmp_path, monkeypatch, capsys):
 def test_cli_errors_are_one_line_and_nonzero(tmp_path, monkeypatch, capsys):
     cases = [
         (["train.epochs=41"], "error: acdc phases do not fit train.epochs=41"),
-        (["experiment=deit_tiny_acdc_s70"], "error: data.root is not set; pass data.root=/path/to/imagenet"),
+        (["experiment=deit_tiny_acdc_s70"], "error: device=cuda, but"),  # a GPU recipe on this CPU machine
         (
-            ["experiment=deit_tiny_acdc_s70", f"data.root={tmp_path}/none"],
+            ["experiment=deit_tiny_acdc_s70", "device=cpu"],
+            "error: data.root is not set; pass data.root=/path/to/imagenet",
+        ),
+        (
+            ["experiment=deit_tiny_acdc_s70", "device=cpu", f"data.root={tmp_path}/none"],
             f"error: data.root={tmp_path}/none does not exist",
         ),
     ]

@@ -23,7 +23,8 @@ import functools
 import json
 import os
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -276,6 +277,10 @@ class RandomWindows:
     shared generator and takes its own slice, so a run on N processes sees the same windows
     as a single process with the same global batch. The generator's state is part of the
     checkpoint, which makes resumed runs draw the same batches.
+
+    `update` yields one update's micro-batches with the memmap read of the next one (after the
+    last, the next update's first) done by a background thread meanwhile: the random reads,
+    page faults from disk on a large corpus, overlap the device's work instead of stalling it.
     """
 
     def __init__(self, tokens: np.ndarray, *, context: int, seed: int) -> None:
@@ -284,16 +289,48 @@ class RandomWindows:
         self.tokens = tokens
         self.context = context
         self.generator = torch.Generator().manual_seed(seed)
+        self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="windows")  # started on first use
+        self._ahead: tuple[list[int], Future] | None = None  # offsets being read, and the read
 
-    def global_offsets(self, num_windows: int) -> torch.Tensor:
-        return torch.randint(len(self.tokens) - self.context, (num_windows,), generator=self.generator)
+    def global_offsets(self, num_windows: int, *, generator: torch.Generator | None = None) -> torch.Tensor:
+        draw = self.generator if generator is None else generator
+        return torch.randint(len(self.tokens) - self.context, (num_windows,), generator=draw)
+
+    def _read(self, offsets: list[int], pin: bool) -> torch.Tensor:
+        windows = torch.from_numpy(np.stack([self.tokens[i : i + self.context + 1] for i in offsets]).astype(np.int64))
+        return windows.pin_memory() if pin else windows  # pinned: the copy to the device does not block
+
+    @staticmethod
+    def _inputs_targets(windows: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if device.type == "cuda":
+            windows = windows.to(device, non_blocking=True)
+        return windows[:, :-1], windows[:, 1:]
 
     def batch(self, offsets: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        windows = np.stack([self.tokens[i : i + self.context + 1] for i in offsets.tolist()]).astype(np.int64)
-        windows = torch.from_numpy(windows)
-        if device.type == "cuda":
-            windows = windows.pin_memory().to(device, non_blocking=True)
-        return windows[:, :-1], windows[:, 1:]
+        """The windows at `offsets`, read now."""
+        return self._inputs_targets(self._read(offsets.tolist(), device.type == "cuda"), device)
+
+    def update(
+        self, batch_size: int, micro_batch_size: int, *, rank: int, world_size: int, device: torch.device
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """This process's micro-batches of one optimizer update of `batch_size` windows over all
+        processes: the same windows as `batch` of each micro-batch's rows of one `global_offsets`
+        draw, which is the only draw from `generator` (the next update's offsets are read ahead
+        from a copy of it)."""
+        accum = batch_size // (micro_batch_size * world_size)
+
+        def mine(offsets: torch.Tensor) -> list[list[int]]:
+            return offsets.view(world_size, accum, micro_batch_size)[rank].tolist()
+
+        micro = mine(self.global_offsets(batch_size))
+        peek = torch.Generator().set_state(self.generator.get_state())
+        upcoming = [*micro[1:], mine(self.global_offsets(batch_size, generator=peek))[0]]
+        pin = device.type == "cuda"
+        for offsets, following in zip(micro, upcoming):
+            read_ahead = self._ahead is not None and self._ahead[0] == offsets
+            windows = self._ahead[1].result() if read_ahead else self._read(offsets, pin)
+            self._ahead = (following, self._reader.submit(self._read, following, pin))
+            yield self._inputs_targets(windows, device)
 
 
 @dataclasses.dataclass(frozen=True)

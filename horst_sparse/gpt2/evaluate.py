@@ -15,10 +15,10 @@ import math
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 import pruning
 from horst_sparse.gpt2.data import RandomWindows
+from horst_sparse.gpt2.model import lm_loss
 from horst_sparse.training.distributed import all_reduce_sum
 from horst_sparse.training.env import autocast
 
@@ -30,12 +30,17 @@ def window_starts(num_tokens: int, context: int, *, max_windows: int | None = No
 
 @torch.no_grad()
 def _summed_nll(model, windows: list[np.ndarray], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """Summed next-token NLL and number of predicted tokens of equally long windows."""
-    batch = torch.from_numpy(np.stack(windows).astype(np.int64)).to(device)
+    """Summed next-token NLL and number of predicted tokens of equally long windows. Nothing
+    here waits for the device: the batch is copied from pinned memory without blocking, so the
+    host stacks the next windows while the device computes."""
+    batch = torch.from_numpy(np.stack(windows).astype(np.int64))
+    if device.type == "cuda":
+        batch = batch.pin_memory().to(device, non_blocking=True)
     with autocast(device, dtype):
         logits = model(batch[:, :-1]).logits
-    nll = F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten(), reduction="sum")
-    return torch.stack([nll.double(), torch.tensor(batch[:, 1:].numel(), dtype=torch.float64, device=device)])
+    nll = lm_loss(logits, batch[:, 1:], vocab_size=model.config.vocab_size, reduction="sum")
+    count = torch.full((), batch[:, 1:].numel(), dtype=torch.float64, device=device)  # a fill: no host copy
+    return torch.stack([nll.double(), count])
 
 
 @torch.no_grad()

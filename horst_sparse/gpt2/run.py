@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
@@ -20,9 +19,9 @@ from horst_sparse.gpt2.config import validate
 from horst_sparse.gpt2.data import RandomWindows, check_run_vocabulary, load_data
 from horst_sparse.gpt2.evaluate import evaluate_lm, one_shot_pruning, perplexity_table
 from horst_sparse.gpt2.export import export_gpt2
-from horst_sparse.gpt2.model import build_model, flops_per_token
+from horst_sparse.gpt2.model import VOCAB_MULTIPLE, build_model, flops_per_token, lm_loss, peak_flops
 from horst_sparse.training.distributed import all_reduce_mean, gradient_sync, parallelize, unsharded
-from horst_sparse.training.env import autocast, peak_flops
+from horst_sparse.training.env import autocast
 from horst_sparse.training.optim import build_optimizer
 from horst_sparse.training.run_log import optimizer_label, progress_bar
 from horst_sparse.training.runner import Run
@@ -31,6 +30,15 @@ from horst_sparse.training.schedule import build_lr_scheduler
 # Besides horst_sparse.training.no_effect.NO_EFFECT, a continued run may change these: they are read only after
 # training (the final evaluation and pruning rerun), so they change what is measured, not what is trained.
 MAY_CHANGE_ON_RESUME = ("eval_split", "eval", "prune")
+
+
+def seconds_since(started: float, device: torch.device, *, synchronize: bool) -> float:
+    """Seconds from `started` (`time.time()`) to now; with `synchronize` (a log step) to the end
+    of the work queued on a CUDA device: the device is waited for before the clock is read, so an
+    interval's kernels count in its throughput, not the next one's."""
+    if synchronize and device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.time() - started
 
 
 def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
@@ -52,8 +60,11 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
         check_run_vocabulary(r.run_dir, data.vocabulary)
     batches = RandomWindows(train_tokens, context=context, seed=cfg.seed)
 
+    # The logits padded to a multiple of 64 on CUDA only: same weights, and CPU runs as they were.
+    vocab_multiple = VOCAB_MULTIPLE if device.type == "cuda" else 1
+
     def build() -> torch.nn.Module:
-        return build_model(cfg.model, vocab_size=data.vocab_size).to(device)
+        return build_model(cfg.model, vocab_size=data.vocab_size, vocab_multiple=vocab_multiple).to(device)
 
     model = build()
     # ddp: `train_model` wraps `model`; fsdp2: both are `model`, its weights sharded in place (before the optimizer).
@@ -100,15 +111,17 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
     train_seconds, logged_step = 0.0, step  # throughput excludes evaluation and checkpoints
     while step < t.max_steps:
         step_started = time.time()
-        # Same global draw on every process; each takes its rows (DDP == one big batch).
-        offsets = batches.global_offsets(t.batch_size).view(dist.world_size, accum, t.micro_batch_size)[dist.rank]
         loss_sum = torch.zeros((), device=device)
-        for micro in range(accum):
-            x, y = batches.batch(offsets[micro], device)
+        # Same global draw on every process; each takes its rows (DDP == one big batch).
+        micro_batches = batches.update(
+            t.batch_size, t.micro_batch_size, rank=dist.rank, world_size=dist.world_size, device=device
+        )
+        for micro, (x, y) in enumerate(micro_batches):
             with gradient_sync(train_model, micro == accum - 1):
                 with autocast(device, r.dtype):
                     logits = train_model(x).logits
-                loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+                loss = lm_loss(logits, y, vocab_size=data.vocab_size)
+                del logits  # freed by the backward, not held through the next micro-batch's forward
                 (loss / accum).backward()
             loss_sum += loss.detach()
         # No host sync per step: the guard keeps its record on the device (`Run.watch_loss`) and is
@@ -121,12 +134,11 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
         optimizer.zero_grad(set_to_none=True)
         step += 1
         scheduler.step_update(step)
-        train_seconds += time.time() - step_started
+        log_now = bool(t.log_interval) and (step % t.log_interval == 0 or step == t.max_steps)
+        train_seconds += seconds_since(step_started, device, synchronize=log_now)
         bar.update()
 
-        if t.log_interval and (step % t.log_interval == 0 or step == t.max_steps):
-            if device.type == "cuda":
-                torch.cuda.synchronize()
+        if log_now:
             r.check_losses()
             train_loss = step_loss.item()
             seconds = train_seconds / (step - logged_step)  # per update since the last log

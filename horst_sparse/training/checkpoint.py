@@ -57,13 +57,17 @@ def capture_rng_state(generators: dict[str, torch.Generator] | None = None) -> d
 
 
 def restore_rng_state(state: dict[str, Any], generators: dict[str, torch.Generator] | None = None) -> None:
+    """Put back what `capture_rng_state` saved, as `load_checkpoint` returns it: every torch
+    state a CPU ByteTensor, whichever device it drives. CUDA states go to the devices this
+    process sees, up to as many as were saved (a job may see fewer GPUs after a requeue)."""
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     np_state = state["numpy"]
     np.random.set_state({**np_state, "state": {**np_state["state"], "key": np_state["state"]["key"].numpy()}})
     torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if torch.cuda.is_available():
+        for device, cuda_state in enumerate(state["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(cuda_state, device)
     for name, g in (generators or {}).items():
         g.set_state(state["generators"][name])
 
@@ -150,19 +154,22 @@ def write_problem(folder: Path, error: Exception, needed: int) -> str:
     return f"{folder}: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
 
 
-def load_checkpoint(
-    path: str | os.PathLike, *, map_location: str | torch.device = "cpu", weights: bool = True
-) -> dict[str, Any]:
-    """The dict a checkpoint holds. A DCP folder: its `state.pt` entries and its model and
-    optimizer read whole (full state dicts on the CPU; no process group needed), or with
-    `weights=False` not at all: a resuming run's `restore_training_state` reads each
-    process's shards."""
+def load_checkpoint(path: str | os.PathLike, *, weights: bool = True) -> dict[str, Any]:
+    """The dict a checkpoint holds, every tensor on the CPU whatever device wrote it. A DCP
+    folder: its `state.pt` entries and its model and optimizer read whole (full state dicts; no
+    process group needed), or with `weights=False` not at all: a resuming run's
+    `restore_training_state` reads each process's shards.
+
+    On the CPU, not the run's device: the RNG states must be CPU ByteTensors, and torch's
+    `Optimizer.load_state_dict` keeps a non-fused optimizer's `step` counters where they load
+    (a CUDA one would cost a host sync every step); `load_state_dict` of the model and the
+    optimizer moves the rest onto the parameters' devices."""
     path = Path(path)
     sharded = path.is_dir()
     if not (path / _SMALL_ENTRIES if sharded else path).is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
     try:
-        state = torch.load(path / _SMALL_ENTRIES if sharded else path, map_location=map_location, weights_only=True)
+        state = torch.load(path / _SMALL_ENTRIES if sharded else path, map_location="cpu", weights_only=True)
         if sharded and weights:
             state.update(_read_whole(path))
         return state

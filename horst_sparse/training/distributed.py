@@ -12,8 +12,11 @@ the two ways a pipeline spreads its model over the processes (`parallelize`).
 
 Launchers understood, in this order:
 * `torchrun` (or anything that exports RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR);
-* a SLURM job step (`srun`, or submitit's SLURM executor): SLURM_PROCID, SLURM_NTASKS,
-  SLURM_LOCALID, and the first host of SLURM_JOB_NODELIST as the rendezvous address;
+* a SLURM job step of several tasks (`srun`, or submitit's SLURM executor): SLURM_PROCID,
+  SLURM_STEP_NUM_TASKS, SLURM_LOCALID, and the first host of SLURM_JOB_NODELIST as the
+  rendezvous address. Only srun sets SLURM_STEP_NUM_TASKS: a plain `python train_*.py` in an
+  sbatch script has SLURM_PROCID=0 and the allocation's SLURM_NTASKS too, but no other process
+  will join it, so it runs alone (and says so) instead of waiting for them;
 * submitit's local executor with several tasks.
 With none of them, or a single task, the run is a plain single process.
 """
@@ -29,6 +32,9 @@ from collections.abc import Callable, Iterable, Iterator
 
 import torch
 import torch.distributed as dist
+
+from horst_sparse.training.config import RunError
+from horst_sparse.training.env import cuda_device, cuda_problem
 
 STRATEGIES = ("ddp", "fsdp2")
 
@@ -61,10 +67,17 @@ def _export_from_job_environment(job) -> None:
 def _discover_launcher() -> None:
     if "WORLD_SIZE" in os.environ:  # torchrun, or exported by hand
         return
-    if "SLURM_PROCID" in os.environ and int(os.environ.get("SLURM_NTASKS", "1")) > 1:
+    # srun exports SLURM_STEP_NUM_TASKS to its step's tasks; a batch script's own process has only SLURM_NTASKS
+    if "SLURM_PROCID" in os.environ and int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) > 1:
         from submitit.slurm.slurm import SlurmJobEnvironment
 
         _export_from_job_environment(SlurmJobEnvironment())
+    elif "SLURM_STEP_NUM_TASKS" not in os.environ and int(os.environ.get("SLURM_NTASKS", "1")) > 1:
+        print(
+            f"note: this SLURM allocation has {os.environ['SLURM_NTASKS']} tasks, but this process was not "
+            "started by srun: it trains alone; `srun python ...` in the sbatch script starts one process per task",
+            file=sys.stderr,
+        )
     elif os.environ.get("SUBMITIT_EXECUTOR") == "local":
         from submitit.local.local import LocalJobEnvironment
 
@@ -81,8 +94,10 @@ def init_distributed(device_type: str) -> DistInfo:
         return DistInfo()
     info = DistInfo(int(os.environ["RANK"]), world_size, int(os.environ.get("LOCAL_RANK", "0")))
     if not dist.is_initialized():
+        if device_type == "cuda" and (problem := cuda_problem()):  # before NCCL fails in its own words
+            raise RunError(f"device=cuda, but {problem}")
         backend = "nccl" if device_type == "cuda" else "gloo"
-        device_id = torch.device("cuda", info.local_rank) if device_type == "cuda" else None
+        device_id = cuda_device(info.local_rank) if device_type == "cuda" else None
         dist.init_process_group(backend=backend, rank=info.rank, world_size=world_size, device_id=device_id)
     return info
 

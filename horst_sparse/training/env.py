@@ -5,9 +5,14 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import shutil
+import subprocess
+import warnings
 
 import numpy as np
 import torch
+
+from horst_sparse.training.config import RunError
 
 
 def seed_everything(seed: int, *, deterministic: bool = False) -> None:
@@ -34,14 +39,74 @@ def seed_rngs(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+# The oldest Linux driver that runs each CUDA major (NVIDIA's CUDA toolkit release notes: 13.0 GA
+# needs 580.65.06, any 12.x 525.60.13 by minor-version compatibility). The pinned torch is a CUDA 13.0
+# build (requirements.lock); the Dockerfile and the README state its line (tests/test_dockerfile.py).
+MIN_DRIVER = {12: "525.60.13", 13: "580.65.06"}
+
+
+def nvidia_driver() -> str | None:
+    """The NVIDIA driver's version as nvidia-smi reports it (e.g. 550.54.15); None without one."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = smi.stdout.split()
+    return lines[0] if smi.returncode == 0 and lines else None
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(".") if part.isdigit())
+
+
+def cuda_problem() -> str | None:
+    """Why this process cannot use CUDA, as one sentence naming the driver, torch's CUDA and the
+    fix; None where it can."""
+    with warnings.catch_warnings():  # torch's "driver too old" warning: the sentence below says it
+        warnings.simplefilter("ignore")
+        if torch.cuda.is_available():
+            return None
+    cpu_fix = "or train on the CPU with device=cpu (device=auto picks it)"
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} is a CPU-only build; install requirements.lock's CUDA build, {cpu_fix}"
+    need = MIN_DRIVER.get(int(torch.version.cuda.split(".")[0]))
+    built = f"torch {torch.__version__} is built for CUDA {torch.version.cuda}" + (
+        f" (NVIDIA driver >= {need})" if need else ""
+    )
+    driver = nvidia_driver()
+    if driver is None:
+        return f"no NVIDIA driver answers here (nvidia-smi); {built}; run on a GPU node, {cpu_fix}"
+    if need and _version(driver) < _version(need):
+        return f"NVIDIA driver {driver} is too old: {built}; update the driver, {cpu_fix}"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return (
+        f"CUDA sees no GPU (NVIDIA driver {driver}, CUDA_VISIBLE_DEVICES={visible!r}; {built}); "
+        f"check the job's GPU request, {cpu_fix}"
+    )
+
+
+def cuda_device(local_rank: int) -> torch.device:
+    """The local rank's GPU. Where SLURM binds each task its own GPU (--gpus-per-task,
+    --gpu-bind), every task sees only that one, as cuda:0: hence modulo the visible count."""
+    return torch.device("cuda", local_rank % torch.cuda.device_count())
+
+
 def select_device(name: str = "auto", *, local_rank: int = 0) -> torch.device:
-    """`auto` picks the local rank's GPU when CUDA is available, else the CPU."""
+    """`auto` picks the local rank's GPU when CUDA works, else the CPU; `cuda` where CUDA does
+    not work stops at once with a one-line `RunError` saying why (`cuda_problem`)."""
     if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
+        name = device_type(name)
     if name == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError("device=cuda was requested but CUDA is not available; use device=cpu or device=auto")
-        device = torch.device("cuda", local_rank)
+        if problem := cuda_problem():
+            raise RunError(f"device=cuda, but {problem}")
+        device = cuda_device(local_rank)
         torch.cuda.set_device(device)
         return device
     if name == "cpu":
@@ -74,28 +139,3 @@ def device_type(name: str) -> str:
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return name
-
-
-# Dense bf16 tensor-core peaks (TFLOP/s) by GPU name, for model FLOPs utilisation.
-_PEAK_BF16_TFLOPS = {
-    "H200": 989.0,
-    "H100 PCIe": 756.0,
-    "H100": 989.0,
-    "A100": 312.0,
-    "L40S": 362.0,
-    "A6000": 155.0,
-    "A10": 125.0,
-    "4090": 165.0,
-}
-
-
-def peak_flops(device: torch.device, configured_tflops: float | None = None) -> float | None:
-    """Peak FLOP/s of one device for MFU: the configured value, else a lookup by CUDA device
-    name; None on the CPU or for an unknown GPU (MFU is then not reported)."""
-    if configured_tflops:
-        return configured_tflops * 1e12
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    # First match wins, so more specific names come first in the table.
-    return next((tflops * 1e12 for key, tflops in _PEAK_BF16_TFLOPS.items() if key in name), None)

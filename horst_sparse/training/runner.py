@@ -29,11 +29,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import yaml
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from horst._fast_path import failed_fast_paths
 from horst_sparse.pipeline import of as pipeline_of
 from horst_sparse.training.checkpoint import (
     CheckpointError,
@@ -299,7 +301,7 @@ class Run:
         path = resolve_resume(self.cfg.resume, self.run_dir)
         state = None
         if path is not None:
-            state = load_checkpoint(path, map_location=self.device, weights=not is_sharded(model))  # FSDP2: read below
+            state = load_checkpoint(path, weights=not is_sharded(model))  # FSDP2: read below
             ignore = NO_EFFECT + tuple(may_change) + ("resume_override", *overrides)
             differences = config_differences(state["config"], self.config, ignore=ignore)
             if differences:
@@ -445,15 +447,31 @@ class Run:
 
     def finish(self, summary: Mapping[str, Any], *, files: tuple[str, ...] = ()) -> dict[str, Any]:
         """Write `summary.json` (a W&B artifact with the run folder's `files`), then `close`;
-        returns the summary."""
+        returns the summary. It records horst's fast paths that fell back to a slower one
+        (`fast_path_fallbacks`), and a run that had any ends with a line that says so."""
         self.preemption.close()
         numbers = pipeline_of(self.config).numbers(self.config, summary)
+        fallbacks = _fast_path_fallbacks()
         data = self.log.summary(
-            {**summary, "numbers": numbers, "wall_time_s": self.elapsed_s, "resume_overrides": self.resume_overrides},
+            {
+                **summary,
+                "numbers": numbers,
+                "wall_time_s": self.elapsed_s,
+                "resume_overrides": self.resume_overrides,
+                "fast_path_fallbacks": fallbacks,
+            },
             files=files,
         )
         if self.is_main:
             (self.run_dir / FAILED_FILE).unlink(missing_ok=True)  # an earlier failure of this cell, now done
+            if fallbacks:
+                print(
+                    f"warning: horst's fast path failed in this run ({', '.join(fallbacks)}) and a slower one took "
+                    f"over (the warning above says why): its step times are not comparable ({SUMMARY_FILE}: "
+                    "fast_path_fallbacks)",
+                    file=sys.stderr,
+                    flush=True,
+                )
         self.close()
         return data
 
@@ -533,6 +551,17 @@ def _close_open_run(exit_code: int) -> None:
         _open_run.close(exit_code=exit_code)
 
 
+def _fast_path_fallbacks() -> list[str]:
+    """horst's fast paths that failed in any process of the run (a collective under DDP: one
+    slow process slows every step)."""
+    failed = failed_fast_paths()
+    if dist.is_initialized():
+        gathered: list[list[str] | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, failed)
+        failed = sorted(set().union(*gathered))
+    return failed
+
+
 def record_failed_cell(
     run_dir: Path,
     *,
@@ -584,6 +613,21 @@ def finished_summary(run_dir: Path, config: Mapping[str, Any]) -> dict | None:
     return json.loads(summary.read_text())
 
 
+def _record_failure(
+    run_dir: Path, cfg: DictConfig, overrides: Sequence[str], *, reason: str, exit_code: int, step: int | None
+) -> dict:
+    """`record_failed_cell` for a task that `hydra_task` ran with `cfg` and the command-line `overrides`."""
+    return record_failed_cell(
+        run_dir,
+        pipeline=cfg.pipeline,
+        reason=reason,
+        exit_code=exit_code,
+        step=step,
+        config=OmegaConf.to_container(cfg, resolve=True),
+        overrides=list(overrides),
+    )
+
+
 def hydra_task(task: Callable[..., dict], cfg: DictConfig) -> dict | None:
     """Run `task(cfg, run_dir=...)` in Hydra's run folder; the body of both entry points.
 
@@ -621,15 +665,7 @@ def hydra_task(task: Callable[..., dict], cfg: DictConfig) -> dict | None:
         if not multirun:
             _remove_if_untouched(run_dir)
             if exit_code == NON_FINITE_EXIT_CODE and run_dir.is_dir():  # tables tell a diverged run from a killed one
-                record_failed_cell(
-                    run_dir,
-                    pipeline=cfg.pipeline,
-                    reason=reason,
-                    exit_code=exit_code,
-                    step=step,
-                    config=OmegaConf.to_container(cfg, resolve=True),
-                    overrides=list(hydra_cfg.overrides.task),
-                )
+                _record_failure(run_dir, cfg, hydra_cfg.overrides.task, reason=reason, exit_code=exit_code, step=step)
             sys.exit(exit_code)
     except Exception as error:
         if not multirun:
@@ -640,15 +676,7 @@ def hydra_task(task: Callable[..., dict], cfg: DictConfig) -> dict | None:
         _continue_command = _sweep = None
         _close_open_run(exit_code)  # a finished run closed itself; a preempted one has closed its log
         shutdown_distributed()
-    record = record_failed_cell(
-        run_dir,
-        pipeline=cfg.pipeline,
-        reason=reason,
-        exit_code=exit_code,
-        step=step,
-        config=OmegaConf.to_container(cfg, resolve=True),
-        overrides=list(hydra_cfg.overrides.task),
-    )
+    record = _record_failure(run_dir, cfg, hydra_cfg.overrides.task, reason=reason, exit_code=exit_code, step=step)
     print(
         f"error: cell {hydra_cfg.job.num} failed ({reason}); recorded in {run_dir / FAILED_FILE}, going on",
         file=sys.stderr,

@@ -24,6 +24,8 @@ import hashlib
 import json
 import os
 import random
+import sys
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -204,14 +206,124 @@ def read_image(path: str) -> Image.Image:
         return image.convert("RGB")
 
 
+# ---- the file list of an ImageFolder, cached ------------------------------------------------
+
+FILE_LIST_VERSION = 1  # of the cache's layout; another version is scanned again
+# A directory changed this recently may change again within its mtime's resolution (a second on
+# some network file systems) unseen: a list with such a directory is used but not cached.
+RACY_MTIME_S = 60
+
+
+def _scan(folder: str, classes: list[str], extensions: tuple[str, ...]) -> tuple[dict, dict]:
+    """`({class: [file relative to its class folder]}, {directory relative to folder: mtime_ns})`:
+    torchvision's `make_dataset` listing (`os.walk` with `followlinks`, directories and then files
+    in sorted order, files by extension), with the mtime of each directory taken before it is listed
+    (a file added or removed after the listing changes a recorded mtime)."""
+    from torchvision.datasets.folder import has_file_allowed_extension
+
+    files, mtimes = {}, {}
+    for name in classes:
+        top, listed, todo = os.path.join(folder, name), [], [os.path.join(folder, name)]
+        while todo:
+            directory = todo.pop()
+            mtimes[os.path.relpath(directory, folder)] = os.stat(directory).st_mtime_ns
+            with os.scandir(directory) as scan:
+                entries = list(scan)
+            todo += [e.path for e in entries if e.is_dir()]
+            listed.append((directory, sorted(e.name for e in entries if not e.is_dir())))
+        files[name] = [
+            os.path.relpath(os.path.join(directory, f), top)
+            for directory, names in sorted(listed)
+            for f in names
+            if has_file_allowed_extension(f, extensions)
+        ]
+    return files, mtimes
+
+
+def file_list_paths(folder: Path) -> tuple[Path, Path]:
+    """Where the file list of `folder` is cached: next to it (`<root>/.<split>.files.json`) or,
+    where that cannot be written, under the user's cache folder."""
+    cache_home = Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser()
+    key = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:16]
+    return folder.parent / f".{folder.name}.files.json", cache_home / "horst_sparse" / "file_lists" / f"{key}.json"
+
+
+def _cached_files(path: Path, folder: str, classes: list[str], extensions: tuple[str, ...]) -> dict | None:
+    """The cached lists at `path` while every directory they were listed from is unchanged."""
+    try:
+        record = json.loads(path.read_text())
+        unchanged = all(os.stat(os.path.join(folder, d)).st_mtime_ns == t for d, t in record["mtimes"].items())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # none, unreadable, or another layout
+        return None
+    if record.get("version") != FILE_LIST_VERSION or record.get("extensions") != list(extensions):
+        return None
+    return record["files"] if unchanged and record.get("classes") == classes else None
+
+
+def _write_file_list(folder: Path, record: dict) -> None:
+    """Atomically, next to `folder` or else (a read-only data folder) under the user's cache."""
+    beside, fallback = file_list_paths(folder)
+    for path in (beside, fallback):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            try:
+                tmp.write_text(json.dumps(record))
+                os.replace(tmp, path)  # readers see the old file or the whole new one
+            finally:
+                tmp.unlink(missing_ok=True)
+        except OSError:
+            continue
+        if path == fallback:
+            print(f"{beside.parent} is not writable: the file list of {folder} is cached at {path}", file=sys.stderr)
+        return
+
+
+def image_files(folder: Path, classes: list[str], extensions: tuple[str, ...]) -> list[tuple[str, int]]:
+    """torchvision's `(path, class index)` list of the ImageFolder `folder`, from the cache of
+    `file_list_paths` when no directory of it changed since (ImageNet's 1.28M files are listed
+    in minutes on a network file system, by every process at every start and requeue
+    otherwise). Under DDP rank 0 reads or lists and writes it while the others wait, then they
+    read it. A class without images is torchvision's FileNotFoundError."""
+    from horst_sparse.training.distributed import barrier
+
+    first = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+    if not first:
+        barrier()  # rank 0's, below: the list is written
+    root = str(folder)
+    try:
+        files = next((f for p in file_list_paths(folder) if (f := _cached_files(p, root, classes, extensions))), None)
+        if files is None:
+            files, mtimes = _scan(root, classes, extensions)
+            empty = [name for name in classes if not files[name]]
+            if empty:
+                raise FileNotFoundError(
+                    f"Found no valid file for the classes {', '.join(empty)}. Supported extensions are: "
+                    f"{', '.join(extensions)}"
+                )
+            settled = time.time_ns() - max(mtimes.values()) > RACY_MTIME_S * 10**9
+            if first and settled:
+                record = {"version": FILE_LIST_VERSION, "extensions": list(extensions), "classes": classes}
+                _write_file_list(folder, {**record, "mtimes": mtimes, "files": files})
+    finally:
+        if first:
+            barrier()  # also when rank 0 failed: the others then list the folder and fail alike
+    return [(os.path.join(root, name, f), index) for index, name in enumerate(classes) for f in files[name]]
+
+
 def _image_folder(folder: Path, transform: Callable, *, skip_corrupt: bool, skipped_log: Path | None):
     from torchvision.datasets import ImageFolder
 
     class CheckedImageFolder(ImageFolder):
-        """torchvision's ImageFolder whose unreadable images are named in the error or, with
-        `data.skip_corrupt=true`, replaced by the next readable image of the folder (so the
-        batch keeps its size and a resumed run skips the same files) and listed in
-        `skipped_log`, one path a line."""
+        """torchvision's ImageFolder whose file list is cached (`image_files`), and whose
+        unreadable images are named in the error or, with `data.skip_corrupt=true`, replaced by
+        the next readable image of the folder (so the batch keeps its size and a resumed run
+        skips the same files) and listed in `skipped_log`, one path a line."""
+
+        @staticmethod
+        def make_dataset(directory, class_to_idx, extensions=None, is_valid_file=None, allow_empty=False):
+            classes = sorted(class_to_idx, key=class_to_idx.get)
+            return image_files(Path(directory), classes, extensions)
 
         def __getitem__(self, index: int):
             for offset in range(len(self.samples)):
@@ -464,9 +576,22 @@ class _Items(Sampler):
         return len(self.items)
 
 
+# Batches each worker keeps ready (torch's default: 2). Decoding and RandAugment time varies
+# from image to image; a deeper queue lets the step never wait on the slowest batch, at the cost
+# of shared memory (a DeiT batch of 128 x 3 x 224 x 224 fp32 is 77 MB).
+PREFETCH_FACTOR = 4
+
+
 class _Loader(DataLoader):
     """A DataLoader whose worker processes leave SLURM's preemption signal to the training
-    process: they start, on iteration, with it blocked (`horst_sparse.training.preemption.signal_blocked`)."""
+    process: they start, on iteration, with it blocked (`horst_sparse.training.preemption.signal_blocked`).
+    Workers persist from epoch to epoch and evaluation to evaluation (forked once, with their
+    imports and the dataset), each `PREFETCH_FACTOR` batches ahead."""
+
+    def __init__(self, dataset: Dataset, *, num_workers: int, **kwargs) -> None:
+        if num_workers:
+            kwargs.update(persistent_workers=True, prefetch_factor=PREFETCH_FACTOR)
+        super().__init__(dataset, num_workers=num_workers, **kwargs)
 
     def __iter__(self):
         with signal_blocked():

@@ -1,0 +1,174 @@
+"""Where CUDA does not work, and which GPU a process takes (horst_sparse.training.env), and
+`make gpu-check`'s verdict.
+
+No GPU here: the CPU stand-ins monkeypatch what only a GPU machine has (torch.cuda's answers, an
+old driver's version, a GPU machine's pytest and benchmark output); the `gpu` tests run the same
+checks on a real device."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, _load_entry_point
+
+from horst_sparse.training import env
+from horst_sparse.training.config import RunError
+from horst_sparse.training.env import MIN_DRIVER, select_device
+
+
+@pytest.fixture
+def cuda_broken(monkeypatch):
+    """torch's answers on a machine where CUDA does not work (e.g. a driver older than the
+    wheel's CUDA), torch being a CUDA 13.0 build."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+
+
+def test_device_cuda_with_a_driver_too_old_names_the_driver_torchs_cuda_and_the_fix(cuda_broken, monkeypatch):
+    monkeypatch.setattr(env, "nvidia_driver", lambda: "550.54.15")  # a CUDA 12.4 driver
+    with pytest.raises(RunError) as error:
+        select_device("cuda")
+    message = str(error.value)
+    assert "\n" not in message
+    assert "NVIDIA driver 550.54.15 is too old" in message and "CUDA 13.0" in message
+    assert f">= {MIN_DRIVER[13]}" in message and "device=cpu" in message
+
+
+@pytest.mark.parametrize(
+    ("driver", "cuda", "says"),
+    [
+        (None, "13.0", "no NVIDIA driver answers here"),
+        ("580.95.05", "13.0", "CUDA sees no GPU (NVIDIA driver 580.95.05"),
+        (None, None, "is a CPU-only build"),
+    ],
+)
+def test_device_cuda_without_working_cuda_says_why_in_one_line(monkeypatch, driver, cuda, says):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", cuda)
+    monkeypatch.setattr(env, "nvidia_driver", lambda: driver)
+    with pytest.raises(RunError, match=r"^device=cuda, but .*" + says.replace("(", r"\(")):
+        select_device("cuda")
+
+
+def test_device_auto_takes_the_cpu_where_cuda_does_not_work(cuda_broken):
+    assert select_device("auto") == torch.device("cpu")
+
+
+@pytest.mark.slow  # imports the whole ViT pipeline
+def test_a_run_on_cuda_without_cuda_stops_at_start_up_in_one_line(cuda_broken, tmp_path, monkeypatch, capsys):
+    """The GPU recipes say device: cuda; here the default ViT run with device=cuda shows what
+    they do where CUDA does not work: one line, exit 2, before any data or model is built."""
+    train_vit = _load_entry_point("train_vit")
+    monkeypatch.setattr(sys, "argv", ["train_vit.py", "device=cuda", f"hydra.run.dir={tmp_path / 'run'}"])
+    with pytest.raises(SystemExit) as exit_info:
+        train_vit.main()
+    assert exit_info.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: device=cuda, but ") and "CUDA 13.0" in line
+
+
+@pytest.mark.parametrize(("visible", "local_rank", "index"), [(1, 3, 0), (4, 3, 3), (8, 0, 0)])
+def test_local_rank_takes_a_gpu_this_task_sees(monkeypatch, visible, local_rank, index):
+    """SLURM binding one GPU per task shows each task only its own, as cuda:0 (mocked: no GPU here)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    assert select_device("cuda", local_rank=local_rank) == torch.device("cuda", index)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (make gpu-check on a GPU machine)")
+def test_a_task_bound_to_one_gpu_trains_on_it_whatever_its_local_rank():
+    code = (
+        "import torch; from horst_sparse.training.env import select_device; "
+        "d = select_device('cuda', local_rank=3); print(d, torch.ones(2, device=d).sum().item())"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "0"},
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["cuda:0", "2.0"]
+
+
+# ---- make gpu-check -------------------------------------------------------------------------------
+BENCH_HEADER = (
+    "# bench/optimizer_step.py --rounds 5 --steps 3 --device cuda\n"
+    "# s/step: median over 5 interleaved rounds of 3 steps; ...; target <= {target} on the fast path\n"
+    f"{'optimizer':<38} {'baseline':<38} {'s/step':>7} {'ratio':>6} {'min':>7} {'max':>7} {'1st step (s)':>12}\n"
+)
+
+
+def bench_row(name: str, ratio: float) -> str:
+    return f"{name:<38} {'AdamW fused':<38} {0.01:7.4f} {ratio:6.2f} {0.01:7.4f} {0.01:7.4f} {1.0:12.1f}\n"
+
+
+# A stand-in for a GPU machine's python as the gpu-check recipe calls it: CUDA works, pytest
+# prints $FAKE_PYTEST, the optimizer benchmark prints $FAKE_BENCH.
+FAKE_PYTHON = """#!/bin/sh
+case "$1 $2" in
+  "-m pytest"*) cat "$FAKE_PYTEST" ;;
+  "bench/optimizer_step.py"*) cat "$FAKE_BENCH" ;;
+  "bench/train_step.py"*) echo "train step: fine" ;;
+  -c*) echo "torch fake CUDA 13.0" ;;
+esac
+"""
+
+
+def make_gpu_check(tmp_path: Path, *, python: str | None = None, pytest_out: str = "", bench: str = ""):
+    (tmp_path / "pytest.txt").write_text(pytest_out)
+    (tmp_path / "bench.txt").write_text(bench)
+    command = ["make", "-s", "-o", ".venv/.installed", "gpu-check", f"GPU_REPORT={tmp_path / 'gpu.md'}"]
+    if python:
+        command.append(f"PY={python}")
+    environ = {**os.environ, "FAKE_PYTEST": str(tmp_path / "pytest.txt"), "FAKE_BENCH": str(tmp_path / "bench.txt")}
+    return subprocess.run(command, cwd=ROOT, env=environ, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.slow  # make, then a python that imports torch
+def test_gpu_check_fails_at_once_where_cuda_does_not_work(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("CUDA works here: make gpu-check would run the whole check")
+    result = make_gpu_check(tmp_path)
+    assert result.returncode != 0
+    assert "make gpu-check: no CUDA: " in result.stderr and "CUDA" in result.stderr
+    assert not (tmp_path / "gpu.md").exists()  # nothing ran
+
+
+PASSED = "PASSED tests/test_horst_gpu.py::test_a\n1 passed\n"
+
+
+@pytest.mark.parametrize(
+    ("pytest_out", "ratio", "target", "verdict"),
+    [
+        (PASSED, 1.06, "1.10", None),
+        (PASSED + "SKIPPED [1] tests/test_horst_gpu.py:9: needs CUDA\n", 1.06, "1.10", "gpu tests skipped"),
+        (PASSED, 1.15, "1.10", "a fast-path ratio of bench/optimizer_step.py is over its target"),
+        (PASSED, 1.15, "1.20", None),
+    ],
+)
+def test_gpu_check_fails_on_a_skipped_gpu_test_or_a_ratio_over_target(tmp_path, pytest_out, ratio, target, verdict):
+    """A GPU machine's output (mocked: no GPU here), against the target the benchmark's header
+    states; foreach AdamW's 3.30 is listed for scale, not a fast path, so never over target."""
+    python = tmp_path / "python"
+    python.write_text(FAKE_PYTHON)
+    python.chmod(0o755)
+    bench = (
+        BENCH_HEADER.format(target=target) + bench_row("AdamW foreach", 3.30) + bench_row("HORST (fast path)", ratio)
+    )
+    result = make_gpu_check(tmp_path, python=str(python), pytest_out=pytest_out, bench=bench)
+    report = (tmp_path / "gpu.md").read_text()
+    assert "HORST (fast path)" in report and "train step: fine" in report
+    if verdict is None:
+        assert result.returncode == 0, result.stderr
+    else:
+        assert result.returncode != 0 and f"make gpu-check failed: {verdict}" in result.stderr
