@@ -67,12 +67,13 @@ def test_entry_point_command_composes_and_passes_the_checks(command):
     from horst_sparse.study import plan  # horst-plan: Hydra's own multirun expansion
 
     script, *overrides = [w for w in words(command) if w != "-m"]
-    processes = int(re.search(r"--nproc_per_node=(\d+)", command).group(1)) if "torchrun" in command else 1
+    torchrun = int(re.search(r"--nproc_per_node=(\d+)", command).group(1)) if "torchrun" in command else None
     pipeline, _, cells = plan.plan(ROOT / script, overrides)
     from omegaconf import open_dict
 
     assert cells
     for cell in cells:
+        processes = torchrun or plan.world_size(cell.config)  # a SLURM launcher's tasks, as the run will see them
         config = cell.config.copy()
         with open_dict(config):
             del config["hydra"]

@@ -25,7 +25,7 @@ NO_EFFECT = (
     "compile",
     # the ViT's micro-batches per update: the same global batch, accumulated (summation order only)
     "train.accum_steps",
-    "train.max_images_per_pass",  # a guard on the passes' size, checked before any work
+    "model.max_images_per_pass",  # a guard on the passes' size, checked before any work
     # an unreadable image fails a run without it; with it the run goes on and counts what it skipped
     "data.skip_corrupt",
     # how often the run logs, checkpoints and measures its progress; the final numbers are

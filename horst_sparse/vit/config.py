@@ -40,6 +40,8 @@ class ViTModelConfig:
     depth: int = MISSING
     num_heads: int = MISSING
     drop_path: float = MISSING  # stochastic depth rate
+    # the most images of this model one process takes in one pass (a GPU's memory); None: no limit known
+    max_images_per_pass: Optional[int] = None
 
 
 @dataclasses.dataclass
@@ -79,8 +81,6 @@ class ViTTrainConfig:
     epochs: int = MISSING
     batch_size: int = MISSING  # images per update, over all processes
     accum_steps: int = MISSING  # forward/backward passes per update (gradient accumulation): batch_size / (processes x accum_steps) images each
-    # the most images one process takes in one pass: a recipe's memory per GPU (DeiT's 128); None: any
-    max_images_per_pass: Optional[int] = None
     base_lr: float = MISSING  # lr = base_lr * batch_size / base_batch_size (linear scaling)
     base_batch_size: int = MISSING
     min_lr: float = MISSING
@@ -230,14 +230,14 @@ def validate(cfg: DictConfig, *, world_size: int) -> None:
         f"{t.accum_steps}",
     )
     per_pass = t.batch_size // (world_size * t.accum_steps)
-    if t.max_images_per_pass is not None and per_pass > t.max_images_per_pass:
-        # the smallest accumulation that fits and divides the batch (one GPU under slurm_1gpu: DeiT's 1024 in 8 passes)
+    if m.max_images_per_pass is not None and per_pass > m.max_images_per_pass:
+        # the smallest accumulation that fits and divides the batch (one GPU under slurm_1gpu: DeiT-B's 1024 in 2 passes)
         fits = next(n for n in range(t.accum_steps, t.batch_size + 1) if t.batch_size % (world_size * n) == 0
-                    and t.batch_size // (world_size * n) <= t.max_images_per_pass)  # fmt: skip
+                    and t.batch_size // (world_size * n) <= m.max_images_per_pass)  # fmt: skip
         raise ConfigError(
             f"train.batch_size={t.batch_size} over {world_size} process(es) x train.accum_steps={t.accum_steps} puts "
-            f"{per_pass} images in one pass, over the recipe's train.max_images_per_pass={t.max_images_per_pass} "
-            f"(its memory per GPU): pass train.accum_steps={fits}, or run more processes"
+            f"{per_pass} images of {m.name} in one pass, over model.max_images_per_pass={m.max_images_per_pass} (the "
+            f"memory of one GPU): pass train.accum_steps={fits}, or run more processes"
         )
     mixing = a.mixup > 0 or a.cutmix > 0
     require(
