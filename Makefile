@@ -63,6 +63,8 @@ bench: $(STAMP)
 	$(PY) bench/optimizer_step.py | tee results/bench/optimizer_step.txt
 	$(PY) bench/pruning.py | tee results/bench/pruning.txt
 	$(PY) bench/train_step.py --threads 1 | tee results/bench/train_step.txt
+	$(PY) bench/optimizer_step.py --case host-overhead --rounds 20 --steps 5 | tee results/bench/optimizer_step_host_overhead.txt
+	$(PY) bench/imagenet_loader.py --workers 2 --rounds 5 | tee results/bench/imagenet_loader.txt
 
 # On a GPU machine (~10 min on one H200): the CUDA tests (pytest -m gpu) and the benchmarks on
 # the GPU, one report: results/bench/gpu.md, printed at the end. It fails, naming why, where CUDA does

@@ -1,0 +1,48 @@
+"""The benchmarks the README shows, shrunk: each runs, measures its reference in the same run and
+prints a ratio per row (the committed outputs are in results/bench/)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+
+
+def bench(*arguments: str) -> str:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / arguments[0]), *arguments[1:]],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"},
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def rows(text: str) -> dict[str, list[str]]:
+    """The table's rows by their first column (columns are 2+ spaces apart; a name holds single ones)."""
+    lines = [line for line in text.splitlines() if line and not line.startswith("#")]
+    return {cells[0]: cells[1:] for cells in (re.split(r"\s{2,}", line.strip()) for line in lines[1:])}
+
+
+def test_the_host_overhead_case_steps_every_optimizer_beside_adamw_foreach():
+    out = bench("optimizer_step.py", "--case", "host-overhead", "--rounds", "1", "--steps", "1")
+    assert "148 tensors" in out and "target <= 1.20" in out
+    table = rows(out)
+    assert set(table) == {"AdamW foreach", "HAM (fast path)", "HORST (fast path)"}
+    assert all(float(values[-4]) > 0 for values in table.values())  # a ratio against the same round's AdamW
+
+
+@pytest.mark.parametrize("workers", [1])
+def test_the_imagenet_loader_benchmark_compares_the_pipeline_with_reforked_workers(workers):
+    out = bench(
+        "imagenet_loader.py", "--workers", str(workers), "--rounds", "1", "--classes", "2", "--per-class", "4",
+        "--batch", "4",
+    )  # fmt: skip
+    assert "reference (workers forked every epoch" in out and "pipeline (persistent workers" in out
+    assert "from the cached list" in out
