@@ -29,11 +29,11 @@ import argparse  # noqa: E402
 import platform  # noqa: E402
 import random  # noqa: E402
 import statistics  # noqa: E402
-import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+import _provenance  # noqa: E402  (bench/, beside this script)
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from PIL import Image  # noqa: E402
@@ -143,15 +143,7 @@ def main() -> None:
         image_files(folder, classes, IMG_EXTENSIONS)
         cached = time.perf_counter() - start
 
-    commit = (
-        subprocess.run(
-            ["git", "describe", "--always", "--dirty", "--exclude=*"],
-            capture_output=True,
-            text=True,
-            cwd=Path(__file__).resolve().parents[1],
-        ).stdout.strip()
-        or "unknown"
-    )
+    commit = _provenance.commit()
     print(
         f"# bench/imagenet_loader.py --workers {args.workers} --rounds {args.rounds} --classes {args.classes} "
         f"--per-class {args.per_class} --batch {args.batch}"

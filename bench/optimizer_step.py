@@ -30,10 +30,9 @@ import os
 import platform
 import random
 import statistics
-import subprocess
 import time
-from pathlib import Path
 
+import _provenance  # bench/, beside this script
 import torch
 from timm.optim import Lion
 from transformers import GPT2Config, GPT2LMHeadModel
@@ -146,15 +145,7 @@ def main() -> None:
     medians = {name: statistics.median(samples) for name, samples in times.items()}
     case = "" if args.case == "gpt2-small" else f" --case {args.case}"
     print(f"# bench/optimizer_step.py --rounds {args.rounds} --steps {args.steps} --device {args.device}{case}")
-    commit = (
-        subprocess.run(
-            ["git", "describe", "--always", "--dirty", "--exclude=*"],
-            capture_output=True,
-            text=True,
-            cwd=Path(__file__).resolve().parents[1],
-        ).stdout.strip()
-        or "unknown"
-    )
+    commit = _provenance.commit()
     print(
         f"# commit {commit}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}, "
         f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"
