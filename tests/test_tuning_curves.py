@@ -152,6 +152,7 @@ def test_trials_a_later_version_ran_again_are_compared_and_copied_rows_are_not()
     table = repeats(record)
     assert table.drop(columns="max_difference").values.tolist() == [["adamw", 3, 4, 3, 2]]
     assert abs(table.max_difference.iloc[0] - 0.05) < 1e-12
-    assert "- adamw: 3 trials of protocol v3 run again under v4; 2 scored the same to the last bit" in repeats_markdown(
-        table, title="t"
+    assert (
+        "- adamw: 3 trials of protocol v3 at the same points and seeds under v4; 2 scored the same"
+        in repeats_markdown(table, title="t")
     )

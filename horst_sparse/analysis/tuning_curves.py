@@ -374,11 +374,19 @@ def repeats(trials: pd.DataFrame) -> pd.DataFrame:
 
 
 def repeats_markdown(table: pd.DataFrame, *, title: str) -> str:
-    lines = [f"## {title}", ""]
+    lines = [
+        f"## {title}",
+        "",
+        "Trials of two versions at the same points (every searched value) and seeds, made at different "
+        "commits. A difference comes from a setting outside the searched keys that the two versions changed "
+        "(their protocol files say which) or from arithmetic that did not repeat.",
+        "",
+    ]
     for row in table.itertuples():
         lines.append(
-            f"- {row.arm}: {row.trials} trials of protocol v{row.earlier} run again under v{row.later}; "
-            f"{row.identical} scored the same to the last bit, the largest difference {row.max_difference:.3g}."
+            f"- {row.arm}: {row.trials} trials of protocol v{row.earlier} at the same points and seeds under "
+            f"v{row.later}; {row.identical} scored the same to the last bit, the largest difference "
+            f"{row.max_difference:.3g}."
         )
     return "\n".join(lines) + "\n"
 
@@ -492,7 +500,7 @@ def main(argv: list[str] | None = None) -> None:
     if not repeated.empty:
         texts.append(
             f"{written_by}.\n\n"
-            + repeats_markdown(repeated, title=f"Trials run again by a later protocol ({args.record})")
+            + repeats_markdown(repeated, title=f"Trials repeated by a later protocol version ({args.record})")
         )
         (out / "repeats.md").write_text(texts[-1])
         tables.write_csv(repeated, out / "repeats.csv")
