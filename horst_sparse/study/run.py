@@ -395,13 +395,17 @@ def readme(
     )
     versioned = ""
     if protocol is not None:
+        from horst_sparse.study import protocol as protocols
+
         counts = mine.drop_duplicates("run").pipeline.value_counts()
         versioned = (
             f"It runs protocol {protocol.label} ({protocol.path.relative_to(REPO)}, hash `{protocol.hash}`), "
             "fixed before its runs"
             + (
                 f", at the picks of protocol v{protocol.spec['tunings_from']}'s tunings (the same files and budget; "
-                "it differs in its declared edges only)"
+                "it differs in its declared edges"
+                + "".join(f", and tunes {p}'s {a} anew" for p, a in sorted(protocols.retuned(protocol)))
+                + ")"
                 if protocol.spec.get("tunings_from")
                 else ""
             )
