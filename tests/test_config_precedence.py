@@ -139,6 +139,14 @@ def test_every_value_comes_from_its_owner_and_none_is_dead(sentinels):
             assert source in planted, f"{pipeline} {overrides} optimizer={optimizer}: {key} has no owner in the table"
             assert value == planted[source], f"{pipeline} {overrides} optimizer={optimizer}: {key} is not {source[0]}'s"
             reached.add(source)
+    # an arm tuned on its own (horst_prunable) reads its own file's values: `+arm=<arm>` composes them
+    for (file, leaf), value in planted.items():
+        _, pipeline, recipe, name = file.removesuffix(".yaml").split("/") if file.startswith("tuned/") else ("",) * 4
+        if name and name not in OPTIMIZERS and (file, leaf) not in reached:
+            cfg = _compose(root, pipeline, [f"{PIPELINES[pipeline].recipe_group}={recipe}", f"+arm={name}"])
+            section = "train" if leaf in tuned_train_keys(pipeline) else "optimizer"
+            assert cfg[section][leaf] == value, f"{pipeline} {recipe} +arm={name}: {section}.{leaf} is not {file}'s"
+            reached.add((file, leaf))
     dead = sorted(set(planted) - reached)
     assert not dead, f"values no run composes (remove them): {dead}"
 

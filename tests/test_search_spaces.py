@@ -155,14 +155,22 @@ def test_an_arm_with_settings_of_its_own_is_tuned_on_its_own():
     assert config.optimizer.hyperbolic_params == "prunable" and config.tuned_as == "horst_prunable"
 
 
-def test_an_untuned_arm_runs_at_horsts_values_and_the_study_counts_arms():
-    """Until it is tuned, horst_prunable reads HORST's values (its runs' configs are what they were);
-    the study's budget counts it as an arm of its own and refuses it untuned."""
+def test_an_arm_tuned_on_its_own_runs_at_its_own_values_and_the_study_counts_arms():
+    """horst_prunable reads its own tuned values where its own tuning made them (GPT-2), else
+    HORST's (the ViT, where the study does not run it); the study's budget counts it as an arm of
+    its own and refuses it untuned."""
     from horst_sparse.study import run as study
 
-    horst_run, prunable = (compose(get("gpt2"), [f"+arm={arm}"]) for arm in ("horst", "horst_prunable"))
-    assert (prunable.train.lr, prunable.optimizer.alpha) == (horst_run.train.lr, horst_run.optimizer.alpha)
+    for pipeline in ("gpt2", "vit"):
+        horst_run, prunable = (compose(get(pipeline), [f"+arm={arm}"]) for arm in ("horst", "horst_prunable"))
+        own = prunable.tuned.horst_prunable.provenance is not None
+        assert own == (pipeline == "gpt2")
+        assert (prunable.optimizer.alpha == horst_run.optimizer.alpha) != own
     jobs = [j for j in study.study_jobs(["embedded_gpt2"]) if j.seed == 10]
     assert sorted({j.config["tuned_as"] for j in jobs}) == ["adamw", "ham", "horst", "horst_prunable"]
+    untuned = [
+        study.Job(**{**j.__dict__, "config": {**j.config, "tuned": {**j.config["tuned"], "horst_prunable": {}}}})
+        for j in jobs
+    ]
     with pytest.raises(BudgetError, match="arm horst_prunable was not tuned"):
-        study.check_budgets(jobs)
+        study.check_budgets(untuned)
