@@ -136,9 +136,9 @@ def test_the_embedded_study_is_its_presets_and_tunes_what_its_budget_asks_for(em
         ]  # fmt: skip
         assert line[10:14] == [
             "--protocol",
-            "protocols/embedded/v3.yaml",
+            f"protocols/embedded/v{current.version}.yaml",
             "--sweep-dir",
-            f"outputs/embedded/v3/tuning/{pipeline}/{arm}",
+            f"outputs/embedded/v{current.version}/tuning/{pipeline}/{arm}",
         ]
         assert f"{pipeline}_recipe={'mnist1d' if pipeline == 'vit' else 'pydoc'}" in line
     arms = {(j.pipeline, j.config["tuned_as"]) for j in jobs}  # every set of tuned values the runs read: arms, counted

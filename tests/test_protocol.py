@@ -22,17 +22,33 @@ def test_every_version_loads_in_order_and_the_newest_is_confirmatory_and_runnabl
     current = protocol.current("embedded")
     assert current.status == "confirmatory" and current.runnable
     assert study.presets_of("embedded") == sorted(current.presets)
-    assert [v.runnable for v in versions[:-1]] == [False] * (len(versions) - 1)  # recorded after the fact
+    # an earlier version was recorded after the fact (no presets: the commit of its runs) or superseded
+    # (v3: its files changed under the newer version's registration, after its last row)
+    assert all(not v.runnable or v.hash != v_next.hash for v, v_next in zip(versions, versions[1:]))
 
 
 def test_recorded_rows_carry_the_hash_of_their_versions_files():
-    """No file of a version was edited after its rows were recorded (runs.csv and tuning.csv)."""
-    hashes = {v.version: v.hash for v in protocol.versions("embedded")}
-    record = read_record([ROOT / "results" / "embedded" / "runs.csv"])
+    """No file of a version was edited after its rows were recorded (runs.csv and tuning.csv): the
+    current version's files hash to its rows' hash; an earlier version's files do now, or did at the
+    commit its rows were made at (v3's search spaces and presets changed when v4 was registered)."""
+    versions = {v.version: v for v in protocol.versions("embedded")}
+    record = read_record([ROOT / "results" / "embedded" / "runs.csv"]).rename(columns={"git_commit": "commit"})
     tuning = pd.concat([pd.read_csv(p) for p in (ROOT / "results" / "tuning").glob("*/*/tuning.csv")])
     for rows in (record, tuning[tuning.protocol.notna()]):
-        for version, recorded in rows.groupby(rows.protocol.astype(int)).protocol_hash.unique().items():
-            assert list(recorded) == [hashes[version]], version
+        for (version, commit), recorded in rows.groupby([rows.protocol.astype(int), "commit"], dropna=False).protocol_hash:
+            v = versions[version]
+            if v is versions[max(versions)] or v.hash in set(recorded):
+                assert set(recorded) == {v.hash}, version
+            else:
+                assert set(recorded) == {protocol.hash_at(v, commit)}, (version, commit)
+
+
+def test_a_superseded_versions_hash_is_the_one_of_its_files_at_its_commits():
+    """v3 (registered at 5dcbb6b) hashed to 9aced3e74afcefeb there; v4 changed files it names."""
+    v3 = protocol.versions("embedded")[2]
+    assert protocol.hash_at(v3, "5dcbb6b237d28cbfd7d16bd8f00ea443a4043c2c") == "9aced3e74afcefeb" != v3.hash
+    with pytest.raises(protocol.ProtocolError, match="protocols/embedded/v3.yaml is not in commit 2d37828"):
+        protocol.hash_at(v3, "2d37828f0c1f6c970d93148660a3b8493a56c80f")
 
 
 def test_the_record_holds_the_600_and_300_update_gpt2_runs_as_their_versions():

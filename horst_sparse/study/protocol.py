@@ -16,7 +16,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import re
-from collections.abc import Iterable, Mapping
+import subprocess
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -69,14 +70,19 @@ class Protocol:
         return list(self.tuning.get("declared_edges") or [])
 
 
-def _hash(path: Path, files: Iterable[str], root: Path) -> str:
+def _hash(path: str, files: Iterable[str], read: Callable[[str], bytes | None]) -> str:
+    """The hash of the protocol file `path` and the files it names, each read by `read` (None: missing)."""
     digest = hashlib.sha256()
-    for name in [str(path.relative_to(root)), *sorted(files)]:
-        file = root / name
-        if not file.is_file():
-            raise ProtocolError(f"{path.relative_to(root)} names {name}, which does not exist")
-        digest.update(name.encode() + b"\0" + file.read_bytes() + b"\0")
+    for name in [path, *sorted(files)]:
+        data = read(name)
+        if data is None:
+            raise ProtocolError(f"{path} names {name}, which does not exist")
+        digest.update(name.encode() + b"\0" + data + b"\0")
     return digest.hexdigest()[:16]
+
+
+def _named_files(spec: Mapping[str, Any]) -> set[str]:
+    return {*spec.get("files", []), spec["claims"], *(f"configs/study/{p}.yaml" for p in spec.get("presets") or [])}
 
 
 def load(path: Path, root: Path = REPO) -> Protocol:
@@ -89,16 +95,36 @@ def load(path: Path, root: Path = REPO) -> Protocol:
         raise ProtocolError(f"{path}: status {spec['status']!r} is not one of {', '.join(STATUSES)}")
     if path.stem != f"v{spec['version']}":
         raise ProtocolError(f"{path} says version {spec['version']}: name it v{spec['version']}.yaml")
-    files = [*spec.get("files", []), spec["claims"], *(f"configs/study/{p}.yaml" for p in spec.get("presets") or [])]
+    root = Path(root).resolve()
     return Protocol(
         spec["study"],
         int(spec["version"]),
         spec["status"],
         " ".join(str(spec["why"]).split()),
         path,
-        _hash(path, set(files), Path(root).resolve()),
+        _hash(str(path.relative_to(root)), _named_files(spec), lambda name: _read(root / name)),
         spec,
     )
+
+
+def _read(file: Path) -> bytes | None:
+    return file.read_bytes() if file.is_file() else None
+
+
+def hash_at(protocol: Protocol, commit: str, root: Path = REPO) -> str:
+    """The hash of the version's files as they were at `commit` (git): a version superseded by a
+    newer one keeps the hash its rows recorded there, though files it shares with the newer
+    version (a search space, a preset) have changed since."""
+
+    def read(name: str) -> bytes | None:
+        shown = subprocess.run(["git", "show", f"{commit}:{name}"], cwd=root, capture_output=True)
+        return shown.stdout if shown.returncode == 0 else None
+
+    name = str(protocol.path.relative_to(Path(root).resolve()))
+    spec = yaml.safe_load(read(name) or b"") or {}
+    if not spec:
+        raise ProtocolError(f"{name} is not in commit {commit} (git log -- {name})")
+    return _hash(name, _named_files(spec), read)
 
 
 def versions(study: str, root: Path = REPO) -> list[Protocol]:
