@@ -13,8 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from conftest import ROOT
-from test_study_report import record, vit_claim
+from conftest import ROOT, record, vit_claim
 
 from horst_sparse.analysis import claims, figures
 from horst_sparse.analysis.stats import holm, paired_interval, sign_flip_p
@@ -202,6 +201,19 @@ def test_the_metric_figure_bars_each_mean_with_its_t_interval(tmp_path, drawn):
     at_90 = frame[(frame.arm == "horst") & (frame.sparsity == 0.9)]["value"].to_numpy()
     interval = paired_interval(at_90, 0.95)
     assert (segments[-1][0][1], segments[-1][1][1]) == pytest.approx((interval.low, interval.high))
+
+
+def test_the_metric_figure_draws_one_line_per_setting_of_a_swept_arm(tmp_path, drawn):
+    """An arm run at two alphas is two lines, named by the key that differs, not one pooled mean."""
+    frame = vit_claim({0.7: 0.5, 0.9: 2.0})
+    swept = frame[frame.arm == "horst"].assign(signature="horst-a10", value=lambda f: f.value - 5)
+    frame = pd.concat([frame, swept], ignore_index=True)
+    frame["config.optimizer.alpha"] = np.where(frame.signature == "horst-a10", 10.0, 3.0)
+    figures.metric_figure(frame, tmp_path / "a.png", metric="top1", ylabel="top-1", title="t")
+    lines = {c.get_label().split(" (")[0]: c for c in drawn[0].axes[0].containers}
+    assert set(lines) == {"adamw", "horst, optimizer.alpha=3", "horst, optimizer.alpha=10"}
+    means = {name: line.lines[0].get_ydata() for name, line in lines.items()}
+    assert means["horst, optimizer.alpha=10"] == pytest.approx(means["horst, optimizer.alpha=3"] - 5)
 
 
 def test_the_metric_figure_of_one_seed_says_so_and_draws_no_bar(tmp_path, drawn):

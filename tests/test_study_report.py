@@ -13,57 +13,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import ROOT
+from conftest import ROOT, record, vit_claim
 
 from horst_sparse.analysis import claims, report, runs, tables
 from horst_sparse.analysis.stats import detectable_effect, holm, paired_interval
 
 RULES = claims.load_rules()
-
-
-def record(
-    values: dict[tuple[str, str, float], list[float]], *, pipeline: str = "vit", split: str = "test"
-) -> pd.DataFrame:
-    """A study's tidy frame: {(arm, metric, sparsity): per-seed values} (GPT-2's 0 % is the dense model)."""
-    rows = []
-    for (arm, metric, sparsity), per_seed in values.items():
-        method, pattern = (
-            ("acdc", "unstructured")
-            if pipeline == "vit"
-            else (("none", "dense") if sparsity == 0 else ("magnitude", "unstructured"))
-        )
-        for seed, value in enumerate(per_seed):
-            rows.append(
-                {
-                    "run": f"{pipeline}/{arm}/s{sparsity}/seed{seed}",
-                    "pipeline": pipeline,
-                    "data": "d",
-                    "model": "m",
-                    "arm": arm,
-                    "optimizer": arm.split("_")[0],
-                    "seed": seed,
-                    "eval_split": split,
-                    "git_commit": "c" * 40,
-                    "signature": arm,
-                    "metric": metric,
-                    "method": method,
-                    "pattern": pattern,
-                    "sparsity": sparsity,
-                    "value": value,
-                    "wall_time_s": 1.0,
-                }
-            )
-    return pd.DataFrame(rows)
-
-
-def vit_claim(gains: dict[float, float], noise: float = 0.1, seeds: int = 10) -> pd.DataFrame:
-    rng = np.random.default_rng(0)
-    values = {}
-    for sparsity, gain in gains.items():
-        base = 90 - 10 * sparsity + rng.normal(0, 1, seeds)  # the seed-to-seed spread cancels in the pairs
-        values[("adamw", "top1", sparsity)] = list(base)
-        values[("horst", "top1", sparsity)] = list(base + gain + rng.normal(0, noise, seeds))
-    return record(values)
 
 
 def test_paired_interval_against_the_t_table():

@@ -16,7 +16,7 @@ import pandas as pd
 from horst_sparse.analysis.claims import pct
 from horst_sparse.analysis.runs import weight_histogram
 from horst_sparse.analysis.stats import paired_interval
-from horst_sparse.analysis.tables import arm_color, order
+from horst_sparse.analysis.tables import SETTING_GROUP, arm_color, order, settings
 
 MARKERS = "osD^vP*Xh"
 
@@ -82,20 +82,26 @@ def metric_figure(
     log_y: bool = False,
     confidence: float = 0.95,
 ) -> None:
-    """One panel per (data, model); per arm its seeds as points, its mean as a line and the mean's
-    t-interval over the seeds as bars (none for one seed). Runs that diverged are left out of the
-    mean, as in the tables."""
+    """One panel per (data, model); per arm and setting (an arm swept over settings draws one line
+    per setting, named by the keys that differ: tables.settings) its seeds as points, its mean as
+    a line and the mean's t-interval over the seeds as bars (none for one seed). Runs that
+    diverged are left out of the mean, as in the tables."""
     plt = _pyplot()
-    rows = order(frame[frame.metric == metric])
+    rows = frame[frame.metric == metric]
+    named = settings(rows).rename(columns={"setting_rank": "_setting"})
+    rows = order(rows.merge(named, on=[*SETTING_GROUP, "signature"], how="left"))
+    rows["line"] = [f"{a}, {s}" if s else a for a, s in zip(rows["arm"], rows["setting"].fillna(""))]
     panels = list(rows.groupby(["data", "model"], sort=False))
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.4), squeeze=False, layout="constrained")
     arms = list(dict.fromkeys(rows["arm"]))
+    lines = list(dict.fromkeys(rows["line"]))
     for ax, ((data, model), panel) in zip(axes[0], panels):
         sparsities = sorted(panel["sparsity"].unique())
         bounds = []
-        for i, (arm, runs) in enumerate(panel.groupby("arm", sort=False)):
-            k = arms.index(arm)
-            offset = 1.06 ** (i - (panel["arm"].nunique() - 1) / 2)  # side by side on the log axis
+        for i, (line, runs) in enumerate(panel.groupby("line", sort=False)):
+            k = lines.index(line)  # a marker per line: an arm's settings share its colour
+            color = arm_color(runs["arm"].iloc[0], arms)
+            offset = 1.06 ** (i - (panel["line"].nunique() - 1) / 2)  # side by side on the log axis
             density = (1 - runs["sparsity"]) * offset
             ax.scatter(
                 density,
@@ -103,7 +109,7 @@ def metric_figure(
                 marker=MARKERS[k % len(MARKERS)],
                 s=16,
                 alpha=0.55,
-                color=arm_color(arm, arms),
+                color=color,
                 linewidths=0,
             )
             cells = [
@@ -117,8 +123,8 @@ def metric_figure(
             style = dict(
                 marker=MARKERS[k % len(MARKERS)],
                 ms=5,
-                color=arm_color(arm, arms),
-                label=f"{arm} (mean of {seeds} seeds)" if seeds > 1 else f"{arm} (1 seed)",
+                color=color,
+                label=f"{line} (mean of {seeds} seeds)" if seeds > 1 else f"{line} (1 seed)",
             )
             if np.isfinite(low).any():
                 ax.errorbar(x, means, yerr=[means - low, high - means], capsize=3, elinewidth=1, **style)
@@ -132,7 +138,7 @@ def metric_figure(
         ax.set_title(f"{model} on {data}", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=2, frameon=False)
-    counts = rows[np.isfinite(rows["value"])].groupby(["data", "model", "arm", "sparsity"])["seed"].nunique()
+    counts = rows[np.isfinite(rows["value"])].groupby(["data", "model", "line", "sparsity"])["seed"].nunique()
     shown = [f"arms: {', '.join(arms)}", _interval_words(counts, confidence)]
     fig.suptitle("\n".join([title, *(textwrap.fill(line, 80 * len(panels)) for line in shown)]), fontsize=10)
     fig.savefig(path, dpi=130)

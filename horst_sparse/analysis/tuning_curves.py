@@ -160,7 +160,7 @@ def figure(curve: pd.DataFrame, path: Path, *, title: str, ylabel: str, log_y: b
     ax.legend(
         fontsize=7, title=f"median best of k; {100 * CONFIDENCE:g} % band", title_fontsize=7, loc="best", frameon=False
     )
-    ax.set_title(title, fontsize=9)
+    ax.set_title("\n".join(textwrap.wrap(title, 80)), fontsize=9)  # a long record path must not run off
     fig.savefig(path, dpi=130)
     plt.close(fig)
 
