@@ -35,7 +35,9 @@ def test_recorded_rows_carry_the_hash_of_their_versions_files():
     record = read_record([ROOT / "results" / "embedded" / "runs.csv"]).rename(columns={"git_commit": "commit"})
     tuning = pd.concat([pd.read_csv(p) for p in (ROOT / "results" / "tuning").glob("*/*/tuning.csv")])
     for rows in (record, tuning[tuning.protocol.notna()]):
-        for (version, commit), recorded in rows.groupby([rows.protocol.astype(int), "commit"], dropna=False).protocol_hash:
+        for (version, commit), recorded in rows.groupby(
+            [rows.protocol.astype(int), "commit"], dropna=False
+        ).protocol_hash:
             v = versions[version]
             if v is versions[max(versions)] or v.hash in set(recorded):
                 assert set(recorded) == {v.hash}, version
@@ -83,6 +85,38 @@ def test_a_changed_file_is_a_new_version(tmp_path):
     assert after.hash != before.hash
     with pytest.raises(protocol.ProtocolError, match="changed after its runs began.*v2.yaml"):
         protocol.check_unchanged(after, [before.hash])
+
+
+def test_a_version_that_declares_edges_only_runs_at_the_earlier_versions_tunings(tmp_path):
+    """v5 = v4 + declared edges: the same tunings, not redone; one that changes more must tune."""
+    root = tmp_path / "repo"
+    (root / "protocols" / "demo").mkdir(parents=True)
+    shutil.copy(ROOT / "protocols" / "embedded" / "claims_v2.yaml", root / "protocols" / "demo" / "claims.yaml")
+    (root / "recipe.yaml").write_text("steps: 600\n")
+    spec = (
+        "study: demo\nstatus: confirmatory\nwhy: a test\nclaims: protocols/demo/claims.yaml\nfiles: [recipe.yaml]\n"
+        "tuning: {trials: {vit: 16}, declared_edges: [%s]}\n"
+    )
+    (root / "protocols" / "demo" / "v1.yaml").write_text("version: 1\n" + spec % "")
+    (root / "protocols" / "demo" / "v2.yaml").write_text(
+        "version: 2\ntunings_from: 1\n" + spec % "ham optimizer.alpha at the lower edge"
+    )
+    versions = protocol.versions("demo", root)
+    assert protocol.tuned_under(versions[1], versions) is versions[0] and versions[0].hash != versions[1].hash
+    assert protocol.tuned_under(versions[0], versions) is versions[0]
+    (root / "protocols" / "demo" / "v2.yaml").write_text(
+        "version: 2\ntunings_from: 1\n" + (spec % "").replace("vit: 16", "vit: 8")
+    )
+    with pytest.raises(protocol.ProtocolError, match="differs from it in more than its declared edges"):
+        protocol.tuned_under(protocol.versions("demo", root)[1], protocol.versions("demo", root))
+
+
+def test_the_current_version_runs_at_v4s_tunings_and_declares_the_mirror_arms_adamw_corner():
+    versions = protocol.versions("embedded")
+    assert protocol.tuned_under(versions[-1], versions).version == 4
+    assert versions[-1].declared_edges == [
+        f"{arm} optimizer.alpha at the lower edge" for arm in ("ham", "horst", "horst_prunable")
+    ]
 
 
 def test_a_protocol_file_names_its_version_and_what_it_lacks(tmp_path):

@@ -11,7 +11,14 @@ import horst
 from horst_sparse.compose import compose
 from horst_sparse.paths import CONFIGS
 from horst_sparse.pipeline import get, names
-from horst_sparse.study.tuning import BudgetError, check_equal_budgets, check_nested_spaces, edges, position
+from horst_sparse.study.tuning import (
+    BudgetError,
+    check_equal_budgets,
+    check_nested_spaces,
+    edge_declared,
+    edges,
+    position,
+)
 
 
 def space(pipeline: str, optimizer: str) -> dict[str, str]:
@@ -98,28 +105,31 @@ def test_an_edge_pick_is_refused_unless_declared():
     with pytest.raises(BudgetError, match=r"arm adamw's pick has train.lr at the upper edge of its range: widen"):
         check_equal_budgets(tuned, ["adamw", "horst"], [0])
     check_equal_budgets(tuned, ["adamw", "horst"], [0], declared_edges=["adamw train.lr"])
+    check_equal_budgets(tuned, ["adamw", "horst"], [0], declared_edges=["adamw train.lr at the upper edge"])
+    with pytest.raises(BudgetError, match="train.lr at the upper edge"):  # a declared side is that side only
+        check_equal_budgets(tuned, ["adamw", "horst"], [0], declared_edges=["adamw train.lr at the lower edge"])
 
 
 @pytest.mark.parametrize("pipeline,recipe", [("vit", "mnist1d"), ("gpt2", "pydoc")])
 def test_the_committed_picks_pass_only_where_tuned_alike_under_the_current_protocol(pipeline, recipe):
     """Picks of protocol v1/v2 (AdamW searched lr, decay and warm-up; HORST and HAM lr, alpha and
     beta at hand-set decay and warm-up: equal trial counts, unequal searches) are refused; picks
-    made under the current protocol pass, at its reporting seeds and declared edges."""
+    made under the version whose tunings the current protocol runs at (v5: v4's) pass, at its
+    reporting seeds and declared edges."""
     from horst_sparse.study import protocol
 
-    current = protocol.current("embedded")
+    versions = protocol.versions("embedded")
+    current = versions[-1]
+    tuning = protocol.tuned_under(current, versions)
     config = compose(get(pipeline), [f"{get(pipeline).recipe_group}={recipe}"])
     arms = ["adamw", "ham", "horst"]
     made = {a: ((config.tuned[a].provenance or {}).get("protocol") or {}).get("hash") for a in arms}
-    if set(made.values()) == {current.hash}:  # refused only for an edge pick the protocol did not declare
+    if set(made.values()) == {tuning.hash}:  # refused only for an edge pick the protocol did not declare
         undeclared = [
-            f"{a} {e.split(' at the ')[0]}"
-            for a in arms
-            for e in config.tuned[a].provenance.edges
-            if f"{a} {e.split(' at the ')[0]}" not in current.declared_edges
+            a for a in arms for e in config.tuned[a].provenance.edges if not edge_declared(a, e, current.declared_edges)
         ]
         if undeclared:
-            with pytest.raises(BudgetError, match=f"arm {undeclared[0].split()[0]}'s pick has .* edge of its range"):
+            with pytest.raises(BudgetError, match=f"arm {undeclared[0]}'s pick has .* edge of its range"):
                 check_equal_budgets(config.tuned, arms, range(10, 20), declared_edges=current.declared_edges)
         else:
             check_equal_budgets(config.tuned, arms, range(10, 20), declared_edges=current.declared_edges)

@@ -141,6 +141,29 @@ def current(study: str, root: Path = REPO) -> Protocol:
     return versions(study, root)[-1]
 
 
+def tuned_under(protocol: Protocol, versions: Iterable[Protocol]) -> Protocol:
+    """The version whose tunings `protocol` runs at: itself, or the earlier version its
+    `tunings_from` names, which it may differ from in its declared edges only (the same presets,
+    files, claims and budget: the same tunings, so they are not redone; v5 declared the edge v4's
+    HAM pick sat at). Its picks carry that version's hash, checked against its files as usual."""
+    source = protocol.spec.get("tunings_from")
+    if source is None:
+        return protocol
+    earlier = next((v for v in versions if v.version == source), None)
+    if earlier is None or earlier.version >= protocol.version:
+        raise ProtocolError(f"{protocol.path.name}: tunings_from: {source} names no earlier version")
+    same = ("presets", "files", "claims")
+    budget = {k: v for k, v in protocol.tuning.items() if k != "declared_edges"}
+    if any(protocol.spec.get(k) != earlier.spec.get(k) for k in same) or budget != {
+        k: v for k, v in earlier.tuning.items() if k != "declared_edges"
+    }:
+        raise ProtocolError(
+            f"{protocol.path.name} takes the tunings of v{source} but differs from it in more than its declared "
+            f"edges: give it tunings of its own (drop tunings_from)"
+        )
+    return earlier
+
+
 def check_unchanged(protocol: Protocol, recorded: Iterable[Any]) -> None:
     """Refuse to add runs to a version whose files changed since its first recorded runs."""
     hashes = {str(h) for h in recorded if isinstance(h, str) and h}

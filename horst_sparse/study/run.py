@@ -398,7 +398,14 @@ def readme(
         counts = mine.drop_duplicates("run").pipeline.value_counts()
         versioned = (
             f"It runs protocol {protocol.label} ({protocol.path.relative_to(REPO)}, hash `{protocol.hash}`), "
-            "fixed before its runs. `runs.csv` holds every version's runs (its `protocol` column); each "
+            "fixed before its runs"
+            + (
+                f", at the picks of protocol v{protocol.spec['tunings_from']}'s tunings (the same files and budget; "
+                "it differs in its declared edges only)"
+                if protocol.spec.get("tunings_from")
+                else ""
+            )
+            + ". `runs.csv` holds every version's runs (its `protocol` column); each "
             "version is judged by its own rules in v<N>/, and claims.md and the headline below show every "
             "version's verdicts, each labelled. The earlier versions' runs: "
             + ", ".join(
@@ -563,7 +570,10 @@ def run_study(
             else earlier[:0]
         )
         protocols.check_unchanged(current, [*mine.get("protocol_hash", []), *tuning_hashes(current)])
-        missing = tunings(current, jobs)
+        tuning = protocols.tuned_under(current, versions)
+        if tuning is not current:
+            protocols.check_unchanged(tuning, tuning_hashes(tuning))
+        missing = tunings(tuning, jobs)
         if missing:
             run_tunings(missing)
         check_budgets(jobs, current.declared_edges)

@@ -729,7 +729,7 @@ def check_equal_budgets(
     split, with the same number of trials and the same tuning seeds, none of them a reporting
     seed, over nested search spaces (the keys every arm searches over the same ranges, one arm
     searching those alone: the others add only their own), with no pick at the edge of its range
-    unless `declared_edges` names it (`<arm> <key>`). `tuned` is a run's composed `tuned` node
+    unless `declared_edges` names it (`edge_declared`). `tuned` is a run's composed `tuned` node
     (or its container)."""
     if OmegaConf.is_config(tuned):
         tuned = OmegaConf.to_container(tuned, resolve=True)
@@ -767,14 +767,20 @@ def check_equal_budgets(
         raise BudgetError(f"the arms were scored on different cells (tune_over: {shown}); retune over one shared space")
     check_nested_spaces({arm: r["space"] for arm, r in records.items()})
     for arm, record in records.items():
-        undeclared = [
-            e for e in record.get("edges", []) if f"{arm} {e.split(' at the ')[0]}" not in set(declared_edges)
-        ]
+        undeclared = [e for e in record.get("edges", []) if not edge_declared(arm, e, declared_edges)]
         if undeclared:
             raise BudgetError(
                 f"arm {arm}'s pick has {', '.join(undeclared)} of its range: widen the range in "
                 "configs/hparams_search/ and retune, or declare the edge in the study's protocol"
             )
+
+
+def edge_declared(arm: str, edge: str, declared: Iterable[str]) -> bool:
+    """Whether a protocol declares the arm's edge pick (`edge`: "optimizer.alpha at the lower
+    edge"): as "<arm> <key> at the lower edge" (that side only: the side where the arm turns into
+    another, as HAM and HORST into AdamW at the lower corner of alpha) or "<arm> <key>" (either)."""
+    key = edge.split(" at the ")[0]
+    return bool({f"{arm} {edge}", f"{arm} {key}"} & set(declared))
 
 
 def check_nested_spaces(spaces: Mapping[str, Mapping[str, str]]) -> None:
