@@ -95,10 +95,10 @@ def test_arms_not_tuned_alike_are_refused():
 
 
 def test_the_embedded_study_is_its_presets_and_tunes_what_its_budget_asks_for(embedded_jobs):
-    """Protocol v3's presets: embedded_vit (tuned arms x 70/80/90 %), its controls' part at 90 % (a
-    preset over it) and GPT-2's four tuned arms and its mirror-off control, seeds 10-19; the
-    protocol's budget asks scripts/tune.py for each set of tuned values the arms read, with the same
-    trials and reruns per pipeline, on the study's recipe, and for none already tuned under it."""
+    """The presets of protocols v3-v6: embedded_vit (tuned arms x 70/80/90 %), its controls' part at
+    90 % (a preset over it) and GPT-2's four tuned arms and its mirror-off control, seeds 10-19; the
+    current protocol runs at v4's picks and asks scripts/tune.py, with its budget, for the one arm
+    it tunes anew (GPT-2's HAM), and refuses an inherited arm without v4's pick."""
     from horst_sparse.study import protocol
 
     jobs = embedded_jobs
@@ -125,45 +125,52 @@ def test_the_embedded_study_is_its_presets_and_tunes_what_its_budget_asks_for(em
     assert {(j.config["data"]["name"], j.config["eval_split"], j.recipe) for j in controls} == {
         ("mnist1d", "test", "mnist1d")
     }
-    current = protocol.tuned_under(protocol.current("embedded"), protocol.versions("embedded"))  # v5 runs at v4's
-    lines = study.tunings(current, jobs)
-    asked = {(line[2], line[3]): line for line in lines}
-    budget = current.tuning
-    for (pipeline, arm), line in asked.items():
-        assert line[1] == "scripts/tune.py" and line[4:10] == [
-            "--trials", str(budget["trials"][pipeline]), "--top-k", str(budget["top_k"][pipeline]),
-            "--rerun-seeds", str(budget["rerun_seeds"]),
-        ]  # fmt: skip
-        assert line[10:14] == [
-            "--protocol",
-            f"protocols/embedded/v{current.version}.yaml",
-            "--sweep-dir",
-            f"outputs/embedded/v{current.version}/tuning/{pipeline}/{arm}",
-        ]
-        assert f"{pipeline}_recipe={'mnist1d' if pipeline == 'vit' else 'pydoc'}" in line
+    versions = protocol.versions("embedded")
+    current = versions[-1]  # v6: v4's tunings but for GPT-2's HAM, retuned under v6
+    earlier = protocol.tuned_under(current, versions)
+    assert (earlier.version, protocol.retuned(current)) == (4, {("gpt2", "ham")})
     arms = {(j.pipeline, j.config["tuned_as"]) for j in jobs}  # every set of tuned values the runs read: arms, counted
     assert {a for p, a in arms if p == "gpt2"} == {"adamw", "ham", "horst", "horst_prunable"}
     assert {a for p, a in arms if p == "vit"} == {"adamw", "ham", "horst"}
-    tuned = {
-        (j.pipeline, a)
-        for j in jobs
-        for a in {j.config["tuned_as"]}
-        if ((j.config["tuned"][a].get("provenance") or {}).get("protocol") or {}).get("hash") == current.hash
-    }
-    assert set(asked) == arms - tuned
-    done = [
-        study.Job(
-            **{
-                **j.__dict__,
-                "config": {
-                    **j.config,
-                    "tuned": {a: {"provenance": {"protocol": {"hash": current.hash}}} for _, a in arms},
-                },
-            }
-        )
-        for j in jobs
-    ]
-    assert study.tunings(current, done) == []
+
+    def picked(hashes):
+        """The jobs with every arm's pick made under the given protocol hash ({(pipeline, arm): hash})."""
+        return [
+            study.Job(
+                **{
+                    **j.__dict__,
+                    "config": {
+                        **j.config,
+                        "tuned": {
+                            a: {"provenance": {"protocol": {"hash": hashes[(j.pipeline, a)]}}}
+                            for p, a in arms
+                            if p == j.pipeline
+                        },
+                    },
+                }
+            )  # fmt: skip
+            for j in jobs
+        ]
+
+    inherited = protocol.registered_hash(earlier)
+    lines = study.tunings(current, picked({arm: inherited for arm in arms}), versions)
+    budget = current.tuning
+    assert [(line[2], line[3]) for line in lines] == [("gpt2", "ham")]  # the one arm v6 tunes anew
+    (line,) = lines
+    assert line[1] == "scripts/tune.py" and line[4:10] == [
+        "--trials", str(budget["trials"]["gpt2"]), "--top-k", str(budget["top_k"]["gpt2"]),
+        "--rerun-seeds", str(budget["rerun_seeds"]),
+    ]  # fmt: skip
+    assert line[10:14] == [
+        "--protocol", f"protocols/embedded/v{current.version}.yaml",
+        "--sweep-dir", f"outputs/embedded/v{current.version}/tuning/gpt2/ham",
+    ]  # fmt: skip
+    assert "gpt2_recipe=pydoc" in line
+    assert (
+        study.tunings(current, picked({**{a: inherited for a in arms}, ("gpt2", "ham"): current.hash}), versions) == []
+    )
+    with pytest.raises(study.StudyError, match="runs vit adamw at v4's pick, but configs/tuned/ holds none of v4's"):
+        study.tunings(current, picked({**{a: inherited for a in arms}, ("vit", "adamw"): "other"}), versions)
 
 
 def test_the_cost_table_is_measured_from_the_runs(embedded_jobs):

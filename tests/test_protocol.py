@@ -28,21 +28,18 @@ def test_every_version_loads_in_order_and_the_newest_is_confirmatory_and_runnabl
 
 
 def test_recorded_rows_carry_the_hash_of_their_versions_files():
-    """No file of a version was edited after its rows were recorded (runs.csv and tuning.csv): the
-    current version's files hash to its rows' hash; an earlier version's files do now, or did at the
-    commit its rows were made at (v3's search spaces and presets changed when v4 was registered)."""
+    """No file of a version was edited after its rows were recorded (runs.csv and tuning.csv): every
+    row carries the hash its version's files had when the version was registered (its file's first
+    commit; a later version may change a file an earlier one names: v4 changed v3's search spaces,
+    v6 v4's), and the current version's files still hash to it."""
     versions = {v.version: v for v in protocol.versions("embedded")}
-    record = read_record([ROOT / "results" / "embedded" / "runs.csv"]).rename(columns={"git_commit": "commit"})
+    record = read_record([ROOT / "results" / "embedded" / "runs.csv"])
     tuning = pd.concat([pd.read_csv(p) for p in (ROOT / "results" / "tuning").glob("*/*/tuning.csv")])
     for rows in (record, tuning[tuning.protocol.notna()]):
-        for (version, commit), recorded in rows.groupby(
-            [rows.protocol.astype(int), "commit"], dropna=False
-        ).protocol_hash:
-            v = versions[version]
-            if v is versions[max(versions)] or v.hash in set(recorded):
-                assert set(recorded) == {v.hash}, version
-            else:
-                assert set(recorded) == {protocol.hash_at(v, commit)}, (version, commit)
+        for version, recorded in rows.groupby(rows.protocol.astype(int)).protocol_hash.unique().items():
+            assert list(recorded) == [protocol.registered_hash(versions[version])], version
+    current = versions[max(versions)]
+    assert protocol.registered_hash(current) == current.hash
 
 
 def test_a_superseded_versions_hash_is_the_one_of_its_files_at_its_commits():

@@ -143,9 +143,10 @@ def current(study: str, root: Path = REPO) -> Protocol:
 
 def tuned_under(protocol: Protocol, versions: Iterable[Protocol]) -> Protocol:
     """The version whose tunings `protocol` runs at: itself, or the earlier version its
-    `tunings_from` names, which it may differ from in its declared edges only (the same presets,
-    files, claims and budget: the same tunings, so they are not redone; v5 declared the edge v4's
-    HAM pick sat at). Its picks carry that version's hash, checked against its files as usual."""
+    `tunings_from` names (v5 and v6 run at v4's). It must have the same presets, files, claims and
+    budget; its declared edges may differ, and the arms it names in `retune` ("<pipeline> <arm>",
+    tuned anew under it) may have changed search spaces (`retuned_files`). The earlier version's
+    picks carry the hash its files had when it was registered (`registered_hash`)."""
     source = protocol.spec.get("tunings_from")
     if source is None:
         return protocol
@@ -159,15 +160,61 @@ def tuned_under(protocol: Protocol, versions: Iterable[Protocol]) -> Protocol:
     }:
         raise ProtocolError(
             f"{protocol.path.name} takes the tunings of v{source} but differs from it in more than its declared "
-            f"edges: give it tunings of its own (drop tunings_from)"
+            f"edges and retuned arms: give it tunings of its own (drop tunings_from)"
         )
     return earlier
 
 
-def check_unchanged(protocol: Protocol, recorded: Iterable[Any]) -> None:
-    """Refuse to add runs to a version whose files changed since its first recorded runs."""
+def retuned(protocol: Protocol) -> set[tuple[str, str]]:
+    """The (pipeline, arm) a version that takes an earlier version's tunings tunes anew."""
+    return {tuple(entry.split()) for entry in protocol.spec.get("retune") or []}
+
+
+def retuned_files(protocol: Protocol) -> set[str]:
+    return {f"configs/hparams_search/{pipeline}_{arm}.yaml" for pipeline, arm in retuned(protocol)}
+
+
+def registration(protocol: Protocol, root: Path = REPO) -> str | None:
+    """The commit that added the version's file (None: not committed yet)."""
+    name = str(protocol.path.relative_to(Path(root).resolve()))
+    log = subprocess.run(
+        ["git", "log", "--diff-filter=A", "--format=%H", "--", name], cwd=root, capture_output=True, text=True
+    )
+    added = log.stdout.split()
+    return added[-1] if added else None
+
+
+def registered_hash(protocol: Protocol, root: Path = REPO) -> str:
+    """The hash of the version's files when it was registered (its file's first commit): what its
+    rows recorded, though a later version has since changed a file it names (v6: a search space)."""
+    commit = registration(protocol, root)
+    return protocol.hash if commit is None else hash_at(protocol, commit, root)
+
+
+def check_inherited(protocol: Protocol, earlier: Protocol, root: Path = REPO) -> None:
+    """The files the earlier version named changed since its registration only where `protocol`
+    retunes: every other arm's tuning stands as it was made."""
+    commit = registration(earlier, root)
+    if commit is None:
+        raise ProtocolError(f"{earlier.path.name} is not committed: commit it before a version takes its tunings")
+    changed = []
+    for name in sorted(_named_files(earlier.spec)):
+        then = subprocess.run(["git", "show", f"{commit}:{name}"], cwd=root, capture_output=True).stdout
+        if then != _read(Path(root) / name):
+            changed.append(name)
+    extra = sorted(set(changed) - retuned_files(protocol))
+    if extra:
+        raise ProtocolError(
+            f"{', '.join(extra)} changed since v{earlier.version} was registered, but {protocol.path.name} takes "
+            f"v{earlier.version}'s tunings: restore them, or name the arms they concern in its retune"
+        )
+
+
+def check_unchanged(protocol: Protocol, recorded: Iterable[Any], expected: str | None = None) -> None:
+    """Refuse to add runs to a version whose files changed since its first recorded runs (or
+    whose recorded hashes are not `expected`: an earlier version's at its registration)."""
     hashes = {str(h) for h in recorded if isinstance(h, str) and h}
-    changed = hashes - {protocol.hash}
+    changed = hashes - {expected or protocol.hash}
     if changed:
         raise ProtocolError(
             f"protocol {protocol.study} v{protocol.version} changed after its runs began (recorded hash "

@@ -475,11 +475,20 @@ def check_budgets(jobs: Sequence[Job], declared_edges: Sequence[str] = ()) -> No
         )
 
 
-def tunings(protocol: Any, jobs: Sequence[Job]) -> list[list[str]]:
+def tunings(protocol: Any, jobs: Sequence[Job], versions: Sequence[Any] = ()) -> list[list[str]]:
     """The `horst-tune` command lines the protocol's budget (its `tuning`) still asks for: each set
     of tuned values its jobs read (`tuned_as`) whose pick was not made under this protocol version
-    (a tuning already made is not redone). A stopped tuning continues in its folder,
-    outputs/<study>/v<N>/tuning/<pipeline>/<arm>."""
+    (a tuning already made is not redone). A version that takes an earlier one's tunings
+    (`tunings_from`, `protocol.tuned_under`) runs at that version's picks, checked against its
+    registered hash, and tunes anew only the arms it names in `retune`. A stopped tuning continues
+    in its folder, outputs/<study>/v<N>/tuning/<pipeline>/<arm>."""
+    from horst_sparse.study import protocol as protocols
+
+    earlier = protocols.tuned_under(protocol, versions) if versions else protocol
+    if earlier is not protocol:
+        protocols.check_inherited(protocol, earlier)
+        protocols.check_unchanged(earlier, tuning_hashes(earlier), expected=protocols.registered_hash(earlier))
+    anew = protocols.retuned(protocol)
     budget = protocol.tuning
     lines = []
     for pipeline, group in itertools.groupby(sorted(jobs, key=lambda j: j.pipeline), key=lambda j: j.pipeline):
@@ -487,7 +496,15 @@ def tunings(protocol: Any, jobs: Sequence[Job]) -> list[list[str]]:
         recipe = group[0].recipe
         for arm in sorted({j.config["tuned_as"] for j in group}):
             record = (group[0].config["tuned"].get(arm) or {}).get("provenance") or {}
-            if (record.get("protocol") or {}).get("hash") == protocol.hash:
+            made = (record.get("protocol") or {}).get("hash")
+            if earlier is not protocol and (pipeline, arm) not in anew:
+                if made != protocols.registered_hash(earlier):
+                    raise StudyError(
+                        f"{protocol.path.name} runs {pipeline} {arm} at v{earlier.version}'s pick, but "
+                        f"configs/tuned/ holds none of v{earlier.version}'s: restore it (git log -- configs/tuned)"
+                    )
+                continue
+            if made == protocol.hash:
                 continue
             folder = Path("outputs") / protocol.study / f"v{protocol.version}" / "tuning" / pipeline / arm
             lines.append(
@@ -570,10 +587,7 @@ def run_study(
             else earlier[:0]
         )
         protocols.check_unchanged(current, [*mine.get("protocol_hash", []), *tuning_hashes(current)])
-        tuning = protocols.tuned_under(current, versions)
-        if tuning is not current:
-            protocols.check_unchanged(tuning, tuning_hashes(tuning))
-        missing = tunings(tuning, jobs)
+        missing = tunings(current, jobs, versions)
         if missing:
             run_tunings(missing)
         check_budgets(jobs, current.declared_edges)
