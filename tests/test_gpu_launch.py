@@ -8,6 +8,7 @@ checks on a real device."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -172,3 +173,42 @@ def test_gpu_check_fails_on_a_skipped_gpu_test_or_a_ratio_over_target(tmp_path, 
         assert result.returncode == 0, result.stderr
     else:
         assert result.returncode != 0 and f"make gpu-check failed: {verdict}" in result.stderr
+
+
+@pytest.fixture
+def no_compiler(tmp_path, monkeypatch):
+    """A PATH holding python alone: no gcc, g++, clang or cc (the slim image without build tools)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").symlink_to(sys.executable)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    for name in ("CC", "CXX"):
+        monkeypatch.delenv(name, raising=False)
+    return bin_dir
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_compile_without_a_compiler_says_which_one_is_missing(no_compiler, device):
+    problem = env.compile_problem(device)
+    assert problem.startswith("torch.compile needs a C") and problem.endswith("or use compile=false")
+    assert ("Triton" in problem) == (device == "cuda")
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_compile_finds_a_compiler_on_the_path(no_compiler, device):
+    for name in ("gcc", "g++"):  # the real compilers, linked into the PATH the search reads
+        (no_compiler / name).symlink_to(shutil.which(name, path=os.defpath) or pytest.skip(f"no {name} here"))
+    assert env.compile_problem(device) is None
+
+
+def test_gpt2_with_compile_and_no_compiler_stops_at_start_up_in_one_line(no_compiler, tmp_path, monkeypatch, capsys):
+    """Without the check, the first training step fails inside Inductor with a long traceback."""
+    train_gpt2 = _load_entry_point("train_gpt2")
+    run_dir = tmp_path / "run"
+    monkeypatch.setattr(sys, "argv", ["train_gpt2.py", "compile=true", "device=cpu", f"hydra.run.dir={run_dir}"])
+    with pytest.raises(SystemExit) as exit_info:
+        train_gpt2.main()
+    assert exit_info.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: compile=true, but torch.compile needs a C++ compiler")
+    assert not run_dir.exists()

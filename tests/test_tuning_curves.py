@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from horst_sparse.analysis.tuning_curves import curves, order, verdict
+from horst_sparse.analysis.tuning_curves import axis_range, curves, order, verdict
 
 
 def record(scores: dict[str, list[float]]) -> pd.DataFrame:
@@ -156,3 +156,15 @@ def test_trials_a_later_version_ran_again_are_compared_and_copied_rows_are_not()
         "- adamw: 3 trials of protocol v3 at the same points and seeds under v4; 2 scored the same"
         in repeats_markdown(table, title="t")
     )
+
+
+def test_the_figure_is_scaled_to_the_curves_not_to_an_unbounded_band():
+    """Eight GPT-2-like trials cannot bound the band's lower edge short of perplexity 1 (the
+    support's end); the axis spans the medians and the bounded edges, so the curves stay apart."""
+    scores = [72.0, 48.5, 160.0, 55.0, 61.0, 90.0, 66.0, 58.0]
+    curve = curves(record({"ham": scores}), maximize=False, support=(1.0, math.inf))
+    assert (curve.low == 1.0).any()  # the case this is for
+    bottom, top = axis_range(curve, support=(1.0, math.inf), log_y=True)
+    assert 1.0 < bottom < curve["median"].min() and curve["median"].max() < top < math.inf
+    bounded = curve.low[curve.low > 1.0]
+    assert bottom <= bounded.min()

@@ -134,28 +134,71 @@ def markdown(curve: pd.DataFrame, *, title: str, maximize: bool, decimals: int =
     return "\n".join(lines) + "\n"
 
 
-def figure(curve: pd.DataFrame, path: Path, *, title: str, ylabel: str, log_y: bool = False) -> None:
+def _bounded(values: pd.Series, support: tuple[float, float]) -> pd.Series:
+    """Which band edges are bounds: finite and short of the support's ends."""
+    return np.isfinite(values) & ~values.isin(support)
+
+
+def axis_range(curve: pd.DataFrame, *, support: tuple[float, float], log_y: bool) -> tuple[float, float]:
+    """The figure's y range: the medians and the band edges that are bounds (`_bounded`), padded.
+    An edge at the end of the support would squash every curve against the other end."""
+    shown = pd.concat(
+        [curve["median"], curve.low[_bounded(curve.low, support)], curve.high[_bounded(curve.high, support)]]
+    )
+    bottom, top = shown.min(), shown.max()
+    if log_y:
+        pad = (top / bottom) ** 0.06
+        return bottom / pad, top * pad
+    pad = 0.06 * (top - bottom) or 0.06 * abs(top) or 1.0
+    return bottom - pad, top + pad
+
+
+def figure(
+    curve: pd.DataFrame,
+    path: Path,
+    *,
+    title: str,
+    ylabel: str,
+    log_y: bool = False,
+    support: tuple[float, float] = (-math.inf, math.inf),
+) -> None:
     """One panel: each arm's median curve, its band shaded and edged (the arms' bands overlap: the
-    edges keep each one legible); one colour per arm (tables.arm_color)."""
+    edges keep each one legible); one colour per arm (tables.arm_color). A band edge at the end of
+    the support (few trials cannot bound it there) is not drawn: its shading runs off the axis,
+    which is scaled to the medians and the bounded edges, and a note says so."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    def bounded(values: pd.Series) -> pd.Series:
+        return _bounded(values, support)
+
+    bottom, top = axis_range(curve, support=support, log_y=log_y)
     fig, ax = plt.subplots(figsize=(6.4, 4.4), layout="constrained")
     arms = _arms(curve)
     for arm in arms:
         part = curve[curve.arm == arm]
         color = tables.arm_color(arm, arms)
-        finite = part[np.isfinite(part.low) & np.isfinite(part.high)]
-        ax.fill_between(finite.k, finite.low, finite.high, color=color, alpha=0.10, linewidth=0)
+        low, high = part.low.where(bounded(part.low), bottom), part.high.where(bounded(part.high), top)
+        ax.fill_between(part.k, low, high, color=color, alpha=0.10, linewidth=0)
         for edge in ("low", "high"):
-            ax.plot(finite.k, finite[edge], "--", lw=0.8, color=color, alpha=0.7)
+            ax.plot(part.k, part[edge].where(bounded(part[edge])), "--", lw=0.8, color=color, alpha=0.7)
         ax.plot(part.k, part["median"], "-o", ms=3, color=color, label=arm)
-    ax.set_xlabel("trials of the arm's search (k)")
-    ax.set_ylabel("\n".join(textwrap.wrap(ylabel, 40)), fontsize=9)
+    ax.set_ylim(bottom, top)
     if log_y:
         ax.set_yscale("log")
+    if not (bounded(curve.low).all() and bounded(curve.high).all()):
+        ax.text(
+            0.01,
+            0.01,
+            "shading without an edge: the band reaches the end of the support there (too few trials to bound it)",
+            transform=ax.transAxes,
+            fontsize=6.5,
+            va="bottom",
+        )
+    ax.set_xlabel("trials of the arm's search (k)")
+    ax.set_ylabel("\n".join(textwrap.wrap(ylabel, 40)), fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(
         fontsize=7, title=f"median best of k; {100 * CONFIDENCE:g} % band", title_fontsize=7, loc="best", frameon=False
@@ -422,7 +465,7 @@ def write_curves(
     text = f"{written_by} (opda {_opda_version()}).{scope}\n\n" + markdown(curve, title=title, maximize=maximize)
     (out / f"{stem}.md").write_text(text)
     tables.write_csv(curve, out / f"{stem}.csv")
-    figure(curve, out / f"{stem}.png", title=title, ylabel=str(trials.metric.iloc[0]), log_y=log_y)
+    figure(curve, out / f"{stem}.png", title=title, ylabel=str(trials.metric.iloc[0]), log_y=log_y, support=support)
     return text
 
 

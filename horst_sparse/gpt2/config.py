@@ -22,6 +22,7 @@ from horst_sparse.training.config import (
     validate_sparsities,
 )
 from horst_sparse.training.distributed import STRATEGIES
+from horst_sparse.training.env import compile_problem, device_type
 from horst_sparse.training.optim import check_optimizer
 from horst_sparse.training.presets import register_help
 
@@ -131,6 +132,9 @@ def validate(cfg: DictConfig, *, world_size: int) -> None:
             not cfg.compile,
             "compile=true is not supported with distributed=fsdp2; use compile=false or distributed=ddp",
         )
+    if cfg.compile:
+        problem = compile_problem(device_type(cfg.device))
+        require(problem is None, f"compile=true, but {problem}")
     for key in ("n_layer", "n_head", "n_embd", "n_positions"):
         require(m[key] > 0, f"model.{key}={m[key]} must be positive")
     require(m.n_embd % m.n_head == 0, f"model.n_embd={m.n_embd} must be divisible by model.n_head={m.n_head}")

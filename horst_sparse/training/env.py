@@ -92,6 +92,26 @@ def cuda_problem() -> str | None:
     )
 
 
+def compile_problem(device_type: str) -> str | None:
+    """Why torch.compile cannot build kernels for `device_type` here, as one sentence naming the
+    fix; None where it can. Inductor compiles CPU kernels with a C++ compiler (its own search:
+    $CXX, else g++), and Triton builds its CUDA launchers with a C compiler ($CC, else gcc or
+    clang, as triton.runtime.build looks); without one the first step fails deep in either."""
+    if device_type == "cuda":
+        found = os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang")
+        needed = "a C compiler for Triton ($CC, gcc or clang)"
+    else:
+        from torch._inductor import config
+
+        # Inductor's candidates ($CXX when torch was imported, else g++); its own search caches
+        # its first answer for the process, so it is looked up here as it looks.
+        found = next((shutil.which(c) for c in config.cpp.cxx if c and shutil.which(c)), None)
+        needed = "a C++ compiler for Inductor's CPU kernels ($CXX or g++)"
+    if found:
+        return None
+    return f"torch.compile needs {needed} and none is on the PATH; install one (apt install g++) or use compile=false"
+
+
 def cuda_device(local_rank: int) -> torch.device:
     """The local rank's GPU. Where SLURM binds each task its own GPU (--gpus-per-task,
     --gpu-bind), every task sees only that one, as cuda:0: hence modulo the visible count."""
