@@ -223,6 +223,14 @@ def test_the_metric_figure_of_one_seed_says_so_and_draws_no_bar(tmp_path, drawn)
     assert not drawn[0].axes[0].containers
 
 
+def test_the_metric_figure_counts_the_seeds_its_mean_is_of_and_names_the_diverged(tmp_path, drawn):
+    frame = vit_claim({0.7: 0.5, 0.9: 2.0})
+    frame.loc[(frame.arm == "horst") & frame.seed.isin([2, 5]), "value"] = np.nan
+    figures.metric_figure(frame, tmp_path / "a.png", metric="top1", ylabel="top-1", title="t")
+    labels = sorted(c.get_label() for c in drawn[0].axes[0].containers)
+    assert labels == ["adamw (mean of 10 seeds)", "horst (mean of 8 seeds, 2 diverged)"]
+
+
 def histogram_folders(tmp_path, frame: pd.DataFrame) -> dict:
     """A weight_histogram.json per run, each over its own range (as every run writes it)."""
     folders = {}
@@ -260,3 +268,32 @@ def test_the_weight_figure_of_one_saved_seed_says_seed_0_only(tmp_path, drawn):
     assert set(again) == set(saved)
     assert drawn[-1].get_suptitle().endswith("seed 0 only")
     assert any("for seed 1, 2" in n and "not in the weight figure" in n for n in notes)
+
+
+def test_seeds_that_fall_out_of_the_pairs_are_named_with_why():
+    """Two HORST runs diverged (their numbers NaN, as the record keeps them) and one has no
+    weight statistics: the pairs lose those seeds, and the claims and the headline say whose
+    and why instead of showing a smaller n alone."""
+    from horst_sparse.analysis import report
+
+    frame = weights(3.0, -0.5)
+    diverged = (frame.arm == "horst") & frame.seed.isin([3, 7])
+    frame.loc[diverged, "value"] = np.nan
+    frame = frame[~((frame.arm == "horst") & (frame.seed == 5) & (frame.metric == "weights_median_log10"))]
+    judgement = claims.judge(frame, RULES).set_index("endpoint")
+    assert judgement.loc[SHARE, "n"] == 8 and judgement.loc[SHARE, "unpaired"] == "horst: 2 of 10 seeds diverged"
+    assert judgement.loc[MEDIAN, "n"] == 7 and judgement.loc[MEDIAN, "unpaired"] == (
+        "horst: 2 of 10 seeds diverged; horst: 1 of 10 seeds without this number"
+    )
+    judgement = judgement.reset_index()
+    text = report.claims_markdown(judgement, claims.verdicts(judgement, RULES), RULES, "test")
+    assert "n=8 (horst: 2 of 10 seeds diverged, not in the pairs), Holm p" in text
+    headline = report.headline_markdown(judgement, claims.verdicts(judgement, RULES), "test", "runs.csv", RULES)
+    (line,) = [line for line in headline.splitlines() if line.startswith("- Claim 3")]
+    assert "(left out of the pairs: horst: 2 of 10 seeds diverged; horst: 1 of 10 seeds without this number): " in line
+    assert line.count("2 of 10 seeds diverged") == 1  # once per claim, not once per endpoint
+    assert "(left out of the pairs:" not in claims_line(headline, "1")
+
+
+def claims_line(headline: str, claim: str) -> str:
+    return next((line for line in headline.splitlines() if line.startswith(f"- Claim {claim}:")), "")

@@ -36,11 +36,15 @@ def pct(sparsity: float) -> str:
     return "dense" if sparsity == 0 else f"{100 * sparsity:g} %"
 
 
-def per_seed(frame: pd.DataFrame, pipeline: str, metric: str, method: str, pattern: str) -> pd.DataFrame:
-    """seed x (arm, sparsity) of one pipeline's metric; the log where the metric is a ratio's."""
-    rows = frame[
+def _rows(frame: pd.DataFrame, pipeline: str, metric: str, method: str, pattern: str) -> pd.DataFrame:
+    return frame[
         (frame.pipeline == pipeline) & (frame.metric == metric) & (frame.method == method) & (frame.pattern == pattern)
     ]
+
+
+def per_seed(frame: pd.DataFrame, pipeline: str, metric: str, method: str, pattern: str) -> pd.DataFrame:
+    """seed x (arm, sparsity) of one pipeline's metric; the log where the metric is a ratio's."""
+    rows = _rows(frame, pipeline, metric, method, pattern)
     twice = rows[rows.duplicated(["arm", "sparsity", "seed"], keep=False)]
     if not twice.empty:
         first = twice.iloc[0]
@@ -59,6 +63,26 @@ def paired_gains(table: pd.DataFrame, first: str, second: str, sparsity: float, 
     a, b = table[(first, sparsity)], table[(second, sparsity)]
     gains = np.log(a) - np.log(b) if log else a - b
     return gains[np.isfinite(gains)]
+
+
+def unpaired(frame: pd.DataFrame, rows: pd.DataFrame, arms: tuple[str, str], sparsities: list[float]) -> str:
+    """The arms' seeds that fall out of an endpoint's pairs, in words; '' where none did. `frame`:
+    the pipeline's runs (any metric: the seeds each arm ran); `rows`: the endpoint's metric. A seed
+    falls out where its number at one of `sparsities` is missing or not finite; a run whose numbers
+    are not finite diverged (as the tables count it). The pairs are the seeds with both numbers:
+    a reader must see what a comparison lost, and whose seeds."""
+    words = []
+    for arm in arms:
+        ran = frame[frame.arm == arm]
+        mine = rows[(rows.arm == arm) & rows.sparsity.isin(sparsities)]
+        finite = mine[np.isfinite(mine.value.astype(float))].groupby("seed").sparsity.nunique()
+        lost = set(ran.seed) - set(finite[finite == len(set(sparsities))].index)
+        if not lost:
+            continue
+        diverged = set(ran.loc[~np.isfinite(ran.value.astype(float)), "seed"]) & lost
+        counts = [(len(diverged), "diverged"), (len(lost - diverged), "without this number")]
+        words += [f"{arm}: {n} of {ran.seed.nunique()} seeds {why}" for n, why in counts if n]
+    return "; ".join(words)
 
 
 def _scale(spec: dict[str, Any], metric: dict[str, Any]) -> tuple[bool, str]:
@@ -96,7 +120,10 @@ def _endpoints(rules: dict[str, Any], claim: dict[str, Any], frame: pd.DataFrame
         margin, shift, bound = _margin(spec, log, sign)
         cells = {k: v for k, v in rules["cells"][claim["pipeline"]].items() if k in ("method", "pattern")}
         cells |= {k: spec[k] for k in ("method", "pattern") if k in spec}
+        runs = frame[frame.pipeline == claim["pipeline"]]
+        rows_of_metric = _rows(frame, claim["pipeline"], spec["metric"], cells["method"], cells["pattern"])
         table = per_seed(frame, claim["pipeline"], spec["metric"], cells["method"], cells["pattern"])
+        arms = (spec["first"], spec["second"])
         operator = " / " if log else " − "
         named = "" if spec["metric"] in ("top1", "ppl") else f"{metric['name']}: "  # the headline metrics go unnamed
         base = dict(
@@ -119,6 +146,7 @@ def _endpoints(rules: dict[str, Any], claim: dict[str, Any], frame: pd.DataFrame
                         **base,
                         "endpoint": f"{named}{spec['first']}{operator}{spec['second']} at {pct(s)}{bound}",
                         "gains": gains,
+                        "unpaired": unpaired(runs, rows_of_metric, arms, [float(s)]),
                     }
                 )
         else:
@@ -137,6 +165,7 @@ def _endpoints(rules: dict[str, Any], claim: dict[str, Any], frame: pd.DataFrame
                     "endpoint": f"{named}{spec['first']}{operator}{spec['second']}: {what} at {pct(end)} "
                     f"{'over' if log else 'minus'} {what} at {pct(start)}{bound}",
                     "gains": after[seeds] - before[seeds],
+                    "unpaired": unpaired(runs, rows_of_metric, arms, [float(start), float(end)]),
                 }
             )
     return rows

@@ -120,11 +120,13 @@ def metric_figure(
             means, low, high = (np.array([getattr(c, f) for _, c in cells]) for f in ("mean", "low", "high"))
             bounds += [*low, *high]
             seeds = runs["seed"].nunique()
+            measured = runs.loc[np.isfinite(runs["value"]), "seed"].nunique()
+            lost = f", {seeds - measured} diverged" if measured < seeds else ""  # not in the mean: say so
             style = dict(
                 marker=MARKERS[k % len(MARKERS)],
                 ms=5,
                 color=color,
-                label=f"{line} (mean of {seeds} seeds)" if seeds > 1 else f"{line} (1 seed)",
+                label=f"{line} (mean of {measured} seeds{lost})" if measured > 1 else f"{line} (1 seed{lost})",
             )
             if np.isfinite(low).any():
                 ax.errorbar(x, means, yerr=[means - low, high - means], capsize=3, elinewidth=1, **style)

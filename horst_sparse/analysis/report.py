@@ -171,8 +171,9 @@ def claims_markdown(judgement: pd.DataFrame, verdicts: pd.DataFrame, rules: dict
             if row.n == 0:
                 lines.append(f"   - {row.endpoint}: no runs of both: {row.outcome}")
                 continue
+            lost = f" ({row.unpaired}, not in the pairs)" if row.unpaired else ""
             lines.append(
-                f"   - {row.endpoint}: {tables.estimate_text(row)} {row.unit}, n={row.n}, "
+                f"   - {row.endpoint}: {tables.estimate_text(row)} {row.unit}, n={row.n}{lost}, "
                 f"Holm p {tables.p_text(row.p_holm)}: {row.outcome}"
             )
     lines += sensitivity_markdown(judgement, verdicts, rules)
@@ -262,7 +263,12 @@ def headline_markdown(
     for claim in verdicts.itertuples():
         tested = judgement[(judgement.claim == claim.claim) & (judgement.outcome != claims.NOT_TESTABLE)]
         numbers = "; ".join(f"{r.endpoint} {tables.estimate_text(r)} ({r.outcome})" for r in tested.itertuples())
-        lines.append(f"- Claim {claim.claim}: **{claim.verdict}**" + (f": {numbers}" if numbers else ""))
+        lost = "; ".join(dict.fromkeys(part for u in tested.unpaired if u for part in u.split("; ")))  # once each
+        lines.append(
+            f"- Claim {claim.claim}: **{claim.verdict}**"
+            + (f" (left out of the pairs: {lost})" if lost else "")
+            + (f": {numbers}" if numbers else "")
+        )
     return "\n".join(lines + ["", HEADLINE_END]) + "\n"
 
 
