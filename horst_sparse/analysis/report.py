@@ -135,7 +135,9 @@ def paired_markdown(paired: pd.DataFrame, confidence: float) -> str:
     lines = [
         "## Paired differences over seeds",
         "",
-        f"first − second (GPT-2: the perplexity ratio first / second), seed by seed over the seeds both ran; "
+        f"first − second (GPT-2: the perplexity ratio first / second), seed by seed over the seeds where both "
+        "have a number (a run that diverged has none: tables.md counts it as [diverged k], and `n pairs` falls "
+        "below the seeds run; claims.md names them); "
         f"the mean and its {level} t-interval, the t-test's p (not corrected for multiplicity). Which of "
         "these decide a claim, and how, is claims.md's business.",
         "",
