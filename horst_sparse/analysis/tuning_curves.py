@@ -171,24 +171,24 @@ def figure(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    def bounded(values: pd.Series) -> pd.Series:
-        return _bounded(values, support)
-
     bottom, top = axis_range(curve, support=support, log_y=log_y)
     fig, ax = plt.subplots(figsize=(6.4, 4.4), layout="constrained")
     arms = _arms(curve)
     for arm in arms:
         part = curve[curve.arm == arm]
         color = tables.arm_color(arm, arms)
-        low, high = part.low.where(bounded(part.low), bottom), part.high.where(bounded(part.high), top)
+        low, high = (
+            part.low.where(_bounded(part.low, support), bottom),
+            part.high.where(_bounded(part.high, support), top),
+        )
         ax.fill_between(part.k, low, high, color=color, alpha=0.10, linewidth=0)
         for edge in ("low", "high"):
-            ax.plot(part.k, part[edge].where(bounded(part[edge])), "--", lw=0.8, color=color, alpha=0.7)
+            ax.plot(part.k, part[edge].where(_bounded(part[edge], support)), "--", lw=0.8, color=color, alpha=0.7)
         ax.plot(part.k, part["median"], "-o", ms=3, color=color, label=arm)
     ax.set_ylim(bottom, top)
     if log_y:
         ax.set_yscale("log")
-    if not (bounded(curve.low).all() and bounded(curve.high).all()):
+    if not (_bounded(curve.low, support).all() and _bounded(curve.high, support).all()):
         ax.text(
             0.01,
             0.01,

@@ -105,7 +105,7 @@ def compile_problem(device_type: str) -> str | None:
 
         # Inductor's candidates ($CXX when torch was imported, else g++); its own search caches
         # its first answer for the process, so it is looked up here as it looks.
-        found = next((shutil.which(c) for c in config.cpp.cxx if c and shutil.which(c)), None)
+        found = next(filter(None, (shutil.which(c) for c in config.cpp.cxx if c)), None)
         needed = "a C++ compiler for Inductor's CPU kernels ($CXX or g++)"
     if found:
         return None
