@@ -126,7 +126,7 @@ def metric_figure(
                 marker=MARKERS[k % len(MARKERS)],
                 ms=5,
                 color=color,
-                label=f"{line} (mean of {measured} seeds{lost})" if measured > 1 else f"{line} (1 seed{lost})",
+                label=f"{line} (1 seed{lost})" if measured == 1 else f"{line} (mean of {measured} seeds{lost})",
             )
             if np.isfinite(low).any():
                 ax.errorbar(x, means, yerr=[means - low, high - means], capsize=3, elinewidth=1, **style)
