@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: demo demo-reference lint study check-results test test-slurm test-all bench gpu-check venv clean
+.PHONY: demo demo-reference lint study check-results fingerprint test test-slurm test-all bench gpu-check venv clean
 
 venv: $(STAMP)
 
@@ -39,6 +39,11 @@ study: $(STAMP)
 # Rerun the first reporting seed of one cell per pipeline and compare with results/embedded/runs.csv
 check-results: $(STAMP)
 	$(PY) scripts/embedded_study.py --check
+
+# The bits of a short ViT and GPT-2 run in the reproducible CPU mode, written to results/fingerprint.json
+# (clean tree); tests/test_fingerprint.py asks any other x86 CPU for the same bits
+fingerprint: $(STAMP)
+	$(PY) -m horst_sparse.study.fingerprint --write
 
 # pytest-xdist: one test process per core (the subprocess-heavy tests wait on each other's
 # imports and polls; on 2 cores the suite takes about half the time of one process).

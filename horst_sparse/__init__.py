@@ -6,3 +6,7 @@ per pipeline), `pipeline` (the registry that looks a pipeline up by name), `comp
 composition from code), `analysis` (the results layer: pandas, no torch, no Hydra), `study`
 (planning, tuning and running a study, above both).
 """
+
+from horst_sparse.cpu_mode import pin
+
+pin()  # before torch and numpy are imported: horst_sparse.cpu_mode

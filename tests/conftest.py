@@ -17,6 +17,9 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import horst_sparse  # noqa: F401  (first: it pins the reproducible CPU mode before numpy and torch load)
+
+# isort: split
 import numpy as np
 import pandas as pd
 import pytest

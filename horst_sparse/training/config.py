@@ -84,6 +84,9 @@ class RunConfig:
     deterministic: bool = MISSING
     compile: bool = MISSING  # torch.compile the model
     cpu_threads: Optional[int] = MISSING  # torch intra-op threads; null: torch's default
+    # a CPU run refuses to start outside the reproducible CPU mode (horst_sparse.cpu_mode): the same
+    # bits on any x86 CPU with AVX2 at the same cpu_threads (which it needs fixed)
+    reproducible_cpu: bool = MISSING
     resume: Optional[str] = MISSING  # auto: latest checkpoint in the run folder | never | a path
     resume_override: List[str] = MISSING  # keys whose new values replace the checkpoint's on resume
     arm: Optional[str] = None  # a study's label of the run (configs/arm/), recorded in config.yaml

@@ -22,6 +22,9 @@ NO_EFFECT = (
     "data.num_workers",
     "data.pin_memory",
     "cpu_threads",
+    # a check that the reproducible CPU mode is in force: it sets nothing (the process's
+    # environment does, horst_sparse.cpu_mode), and the mode changes rounding only
+    "reproducible_cpu",
     "compile",
     # the ViT's micro-batches per update: the same global batch, accumulated (summation order only)
     "train.accum_steps",

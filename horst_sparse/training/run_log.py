@@ -116,12 +116,16 @@ def cpu_model() -> str:
 
 def environment() -> dict[str, Any]:
     """What a result was computed with: library versions, devices, host, CPU (model, the SIMD
-    capability torch dispatches to: numbers differ in their last digits between them), threads."""
+    capability torch dispatches to: numbers differ in their last digits between them), threads,
+    and whether the reproducible CPU mode was in force (`horst_sparse.cpu_mode`: then the same
+    bits on any x86 CPU with AVX2 at the same thread count), with each library's code path."""
     import importlib.metadata
     import platform
     import socket
 
     import torch
+
+    from horst_sparse import cpu_mode
 
     versions = {}
     for package in ("torch", "timm", "transformers", "datasets", "hydra-core", "wandb", "numpy"):
@@ -142,6 +146,8 @@ def environment() -> dict[str, Any]:
         "cpu": cpu_model(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cpu_threads": torch.get_num_threads(),
+        "reproducible_cpu": (mode := cpu_mode.state())["reproducible"],
+        "cpu_mode": mode,
         "host": socket.gethostname(),
     }
 

@@ -36,6 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from horst._fast_path import failed_fast_paths
+from horst_sparse import cpu_mode
 from horst_sparse.pipeline import of as pipeline_of
 from horst_sparse.training.checkpoint import (
     CheckpointError,
@@ -66,6 +67,7 @@ from horst_sparse.training.run_log import (
     FAILED_FILE,
     SUMMARY_FILE,
     RunLogger,
+    environment,
     git_commit,
     write_json_atomic,
 )
@@ -232,6 +234,13 @@ class Run:
         self.cfg = cfg
         self.config = OmegaConf.to_container(cfg, resolve=True)
         self.device = select_device(cfg.device, local_rank=self.dist.local_rank)
+        if cfg.reproducible_cpu and self.device.type == "cpu":
+            if problem := cpu_mode.problem():
+                raise RunError(f"reproducible_cpu=true, but {problem}")
+            if not cfg.cpu_threads:  # the summation order follows the thread count
+                raise RunError(
+                    "reproducible_cpu=true needs a fixed cpu_threads: give cpu_threads=N, or reproducible_cpu=false"
+                )
         # Each process's Hydra may pick its own time-stamped folder; all use the main process's.
         self.run_dir = Path(broadcast_object(str(run_dir)))
         if self.is_main:
@@ -625,6 +634,7 @@ def _record_failure(
         step=step,
         config=OmegaConf.to_container(cfg, resolve=True),
         overrides=list(overrides),
+        environment=environment(),  # where it failed: a diverged run's machine is part of its outcome
     )
 
 

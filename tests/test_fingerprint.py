@@ -1,0 +1,47 @@
+"""The committed fingerprint (results/fingerprint.json) reproduces bit for bit: a short ViT and GPT-2
+run in the reproducible CPU mode give the same final weights and loss curve here as on the CPU that
+made it (trivial there; on another x86 CPU, the check that the mode pins every code path)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from horst_sparse.analysis.runs import scan
+from horst_sparse.cpu_mode import missing_cpu_flags
+from horst_sparse.study import fingerprint
+
+pytestmark = pytest.mark.skipif(bool(missing_cpu_flags()), reason="the reproducible CPU mode needs AVX2 and FMA")
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    scratch = tmp_path_factory.mktemp("fingerprint")
+    return scratch, fingerprint.measure(scratch)
+
+
+def test_the_committed_fingerprint_reproduces_bit_for_bit(measured):
+    committed = json.loads(fingerprint.COMMITTED.read_text())
+    assert fingerprint.differences(committed, measured[1]) == []
+    assert set(committed) >= set(fingerprint.RUNS)
+
+
+def test_the_runs_record_the_mode_they_ran_in(measured):
+    scratch, runs = measured
+    for run in runs.values():
+        assert run["machine"]["cpu_mode"]["reproducible"] is True
+        assert run["machine"]["cpu_mode"]["aten_capability"] == "AVX2"
+    frame = scan([scratch]).frame
+    assert set(frame.pipeline) == {"vit", "gpt2"} and frame.reproducible_cpu.all()
+
+
+def test_a_differing_loss_curve_is_named_by_its_first_step(measured):
+    runs = measured[1]
+    changed = json.loads(json.dumps(runs))
+    step, loss = changed["gpt2"]["loss_curve"][2]
+    changed["gpt2"]["loss_curve"][2] = [step, (float.fromhex(loss) + 1e-6).hex()]
+    changed["gpt2"]["loss_curve_sha256"] = "0"
+    (line,) = fingerprint.differences(changed, runs)
+    assert line.startswith(f"gpt2: the loss first differs at step {step} (")
+    assert "reproducible mode" in line
