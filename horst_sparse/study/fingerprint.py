@@ -33,7 +33,7 @@ RUNS = {
     "vit": ["train_vit.py", "experiment=smoke_vit", "optimizer=horst"],
     "gpt2": ["train_gpt2.py", "experiment=smoke_gpt2", "optimizer=horst"],
 }
-COMMON = ["logging.mode=disabled", "resume=never"]
+COMMON = ["logging.mode=disabled", "resume=never", "train.log_interval=1"]  # every step's loss
 # HORST's fast path on (the GPT-2 recipe's C kernel; the ViT recipes set HORST_FUSED=0 themselves)
 ENVIRONMENT = {"HORST_FUSED": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_WAIT_POLICY": "PASSIVE"}
 LOSS = "train/loss"
