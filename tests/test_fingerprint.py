@@ -39,8 +39,8 @@ def test_the_runs_record_the_mode_they_ran_in(measured):
 def test_a_differing_loss_curve_is_named_by_its_first_step(measured):
     runs = measured[1]
     changed = json.loads(json.dumps(runs))
-    step, loss = changed["gpt2"]["loss_curve"][2]
-    changed["gpt2"]["loss_curve"][2] = [step, (float.fromhex(loss) + 1e-6).hex()]
+    step = list(changed["gpt2"]["loss_curve"])[2]
+    changed["gpt2"]["loss_curve"][step] = (float.fromhex(changed["gpt2"]["loss_curve"][step]) + 1e-6).hex()
     changed["gpt2"]["loss_curve_sha256"] = "0"
     (line,) = fingerprint.differences(changed, runs)
     assert line.startswith(f"gpt2: the loss first differs at step {step} (")

@@ -52,10 +52,10 @@ def weights_hash(checkpoint: Path) -> str:
     return digest.hexdigest()
 
 
-def loss_curve(run_dir: Path) -> list[list[Any]]:
-    """[step, loss] of every logged training loss, the loss as float.hex (every bit of it)."""
+def loss_curve(run_dir: Path) -> dict[str, str]:
+    """{step: loss} of every logged training loss, the loss as float.hex (every bit of it)."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return [[row["step"], float(row[LOSS]).hex()] for row in rows if LOSS in row]
+    return {str(row["step"]): float(row[LOSS]).hex() for row in rows if LOSS in row}
 
 
 def measure_run(pipeline: str, scratch: Path) -> dict[str, Any]:
@@ -103,14 +103,15 @@ def differences(committed: dict[str, Any], measured: dict[str, Any]) -> list[str
             continue
         if (then["weights_sha256"], then["loss_curve_sha256"]) == (now["weights_sha256"], now["loss_curve_sha256"]):
             continue
-        steps = [(a, b) for a, b in zip(then["loss_curve"], now["loss_curve"]) if a != b]
+        before, after = then["loss_curve"], now["loss_curve"]
+        step = next((s for s in before if before[s] != after.get(s)), None)
         where = (
-            f"the loss first differs at step {steps[0][0][0]} "
-            f"({float.fromhex(steps[0][0][1])!r} committed, {float.fromhex(steps[0][1][1])!r} here)"
-            if steps
+            f"the loss first differs at step {step} ({float.fromhex(before[step])!r} committed, "
+            f"{float.fromhex(after[step])!r} here)"
+            if step is not None and step in after
             else "the loss curves agree, the final weights do not"
-            if len(then["loss_curve"]) == len(now["loss_curve"])
-            else "the loss curves differ in length"
+            if before.keys() == after.keys()
+            else "the loss curves have other steps"
         )
         lines.append(
             f"{pipeline}: {where}; committed on {then['machine']['cpu']} "
