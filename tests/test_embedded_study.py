@@ -341,7 +341,7 @@ def test_a_tiny_study_runs_resumes_from_its_record_and_refuses_stale_runs(tmp_pa
     assert set(frame.eval_split) == {"test"} and not frame.git_commit.str.endswith("-dirty").any()
     assert "## Your runs beside the committed reference (results/demo/runs.csv)" in first.stdout
     assert "| vit/horst/s0.9/seed0 | top1 90 % |" in first.stdout  # at 5 epochs, not the reference's recipe:
-    assert first.returncode == 1 and "numbers agree within their tolerance" in first.stdout  # they differ
+    assert first.returncode == 1 and "numbers identical, bit for bit" in first.stdout  # they differ
     assert (
         reference.read_text() == committed
         and not subprocess.run(["git", "status", "--porcelain"], cwd=clone, capture_output=True, text=True).stdout
@@ -351,14 +351,22 @@ def test_a_tiny_study_runs_resumes_from_its_record_and_refuses_stale_runs(tmp_pa
     assert runs.read_record([reference]).run.tolist() == frame.run.tolist()
     checked = study_cli("--check")  # make check-results: horst at 90 %, seed 0, rerun into a scratch folder
     assert checked.returncode == 0, checked.stdout + checked.stderr[-2000:]
-    assert "outputs/demo/vit/horst/s0.9/seed0 top1 acdc unstructured 0.9: committed" in checked.stdout
-    assert "outputs/demo/vit/horst/s0.9/seed0: rerun on host" in checked.stdout
+    assert "## vit: +arm=horst acdc.sparsity=0.9, seed(s) [0] rerun; check: bit for bit" in checked.stdout
+    assert "top1 acdc unstructured 0.9: committed" in checked.stdout and "reproducible mode" in checked.stdout
+    assert "the record reproduces bit for bit" in checked.stdout
+    # a record made outside the reproducible mode is judged against its seeds' spread instead
+    exact = reference.read_text()
+    runs.read_record([reference]).assign(reproducible_cpu=False).to_csv(reference, index=False)
+    spread = study_cli("--check")
+    assert spread.returncode == 0, spread.stdout + spread.stderr[-2000:]
+    assert "check: within the committed spread of 1 seeds" in spread.stdout and "rank test p = 1" in spread.stdout
+    reference.write_text(exact)
 
     shutil.rmtree(
         clone / "outputs" / "demo" / "vit"
     )  # run folders need not outlive the machine: the record is the record
     again = study_cli()
-    assert again.returncode == 0 and "0 of 2 runs to do" in again.stdout and "2 of 2 numbers agree" in again.stdout
+    assert again.returncode == 0 and "0 of 2 runs to do" in again.stdout and "2 of 2 numbers identical" in again.stdout
     assert record.read_text() == written
 
     stale = study_cli("train.epochs=6", "acdc.final_compressed=3")

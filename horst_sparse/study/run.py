@@ -31,7 +31,6 @@ import os
 import shlex
 import subprocess
 import sys
-import tempfile
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -56,6 +55,7 @@ from horst_sparse.compose import compose_in_context, hydra_context, sweep_jobs
 from horst_sparse.paths import CONFIGS, REPO
 from horst_sparse.pipeline import Pipeline
 from horst_sparse.pipeline import get as get_pipeline
+from horst_sparse.study.check import check_results, compare_with_reference, machine_text
 
 # What a run's numbers depend on: the libraries, the pipelines and their scaffolding, the configs
 # (not the results layer or the study's own code, which read numbers and write none).
@@ -72,12 +72,6 @@ CODE = (
 # a new arm) leaves it valid. (Not the recipes: one sets an environment variable, outside the config.)
 SIGNED = ("configs/tuned", "configs/study", "configs/arm")
 REVIEWED = Path(__file__).with_name("reviewed_changes.yaml")
-# make check-results: per pipeline, the first reporting seed of this arm (the one the claims are about) at the last
-# cell its preset sweeps (the highest sparsity), rerun and compared with the record. On the same
-# machine and thread count a rerun is identical (fixed summation order); elsewhere within these
-# tolerances, far below the seed-to-seed spread: top-1 in points, perplexity relative.
-CHECKED_ARM = "horst"
-TOLERANCE = {"top1": ("absolute", 0.6), "ppl": ("relative", 0.01)}
 
 
 class StudyError(RuntimeError):
@@ -315,13 +309,6 @@ def run_multiruns(commands: Sequence[tuple[str, list[str]]], extra: Sequence[str
     return worst
 
 
-def machine_text(row: Any) -> str:
-    """`host vm (Intel Xeon ..., AVX512), 1 torch thread(s) a run`: where a run's numbers were computed."""
-    capability = "" if pd.isna(getattr(row, "cpu_capability", None)) else f", {row.cpu_capability}"
-    gpu = "" if pd.isna(getattr(row, "gpu", None)) else f", GPU {row.gpu}"
-    return f"host {row.host} ({row.cpu}{capability}{gpu}), {row.cpu_threads:.0f} torch thread(s) a run"
-
-
 def tuning_runs(record: Mapping[str, Any]) -> int:
     """The runs a tuning made (its provenance): every search trial and rerun, one run per cell."""
     from horst_sparse.study.tuning import cells
@@ -432,7 +419,8 @@ Written by `horst-study{flags}`{f" ({target})" if target else ""}:
 paired differences, the claims' verdicts, the power table and the figures are written from it,
 by `horst-study{flags} --report-only` (no runs);
 `horst-study-report {folder}/runs.csv --out <folder>` writes the same tables and
-figures into another folder. `make check-results` reruns the first seed of one cell per pipeline.
+figures into another folder. `make check-results` reruns HORST's last cell per pipeline and says
+whether the record reproduces (bit for bit, or within its seeds' spread: horst_sparse/study/check.py).
 
 ## Cost, as measured
 
@@ -689,106 +677,6 @@ def write_versions_report(
     (out / "README.md").write_text(intro + "\n" + headline)
 
 
-def check_results(study: str, *, extra: Sequence[str] = (), pipelines: Sequence[str] | None = None) -> int:
-    """Rerun each pipeline's job of CHECKED_ARM at its first reporting seed (its last cell) into a scratch
-    folder and compare every number with the record (the current protocol version's rows); 0 when all
-    are within TOLERANCE, 1 also where there is nothing to compare."""
-    presets = presets_of(study, pipelines)
-    record = read_record([REPO / "results" / study / "runs.csv"])
-    worst = 0
-    jobs = [j for j in study_jobs(presets, extra) if j.config.get("arm") == CHECKED_ARM]
-    if not jobs:
-        print(f"no job of arm {CHECKED_ARM} in the study's presets: nothing to check")
-        return 1
-    first = min(j.seed for j in jobs)
-    checked = {j.pipeline: j for j in jobs if j.seed == first}
-    for job in checked.values():
-        before = record[(record.run == job.run) & (record.signature == job.signature)]
-        if before.empty:
-            print(f"{job.run}: not in the record as a run of this job's config; nothing to compare")
-            worst = 1
-            continue
-        with tempfile.TemporaryDirectory(prefix="check-results-") as scratch:
-            line = [*job.overrides, f"seed={first}", f"hydra.sweep.dir={scratch}", "hydra.sweep.subdir=rerun"]
-            run_multiruns([(job.preset, line)], extra)
-            after = scan([scratch]).frame
-        if after.empty:
-            print(f"{job.run}: the rerun did not finish")
-            worst = 1
-            continue
-        for name, rows in (("committed", before), ("rerun", after)):
-            row = rows.iloc[0]
-            print(f"{job.run}: {name} on {machine_text(row) if not pd.isna(row.host) else 'a machine not recorded'}")
-        both = agreement(before, after, ["metric", "method", "pattern", "sparsity"])
-        for row in both.itertuples():
-            worst = max(worst, int(not row.agrees))
-            print(
-                f"{job.run} {row.metric} {row.method} {row.pattern} {row.sparsity:g}: committed {row.value_before:.6g}, "
-                f"rerun {row.value_after:.6g}: {'identical' if row.off == 0 else 'within' if row.agrees else 'OUT OF'} "
-                f"{row.tolerance}"
-            )
-    return worst
-
-
-def agreement(committed: pd.DataFrame, rerun: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
-    """The numbers of both joined on `keys` (value_before, value_after), each with its TOLERANCE
-    (`tolerance`, as text), how far it is off in that tolerance's kind (`off`) and whether it `agrees`."""
-    both = committed.merge(rerun, on=list(keys), suffixes=("_before", "_after"))
-    kinds = [TOLERANCE.get(m, ("relative", 0.01)) for m in both.metric]
-    scale = [abs(b) if kind == "relative" else 1.0 for b, (kind, _) in zip(both.value_before, kinds)]
-    both["off"] = (both.value_after - both.value_before).abs() / scale
-    both["tolerance"] = [f"{kind} tolerance {limit:g}" for kind, limit in kinds]
-    both["agrees"] = [math.isfinite(off) and off <= limit for off, (_, limit) in zip(both.off, kinds)]
-    return both
-
-
-def compare_with_reference(frame: pd.DataFrame, reference: Path) -> int:
-    """make demo's last words: each headline number (TOLERANCE's metrics) of these runs beside the
-    committed reference's, with the tolerance and whether it agrees; 0 when all agree."""
-    from horst_sparse.analysis import tables
-
-    if not reference.is_file():
-        print(f"\nnothing to compare: no committed reference {reference} (make demo-reference writes one)")
-        return 1
-    committed = read_record([reference])
-    both = agreement(
-        committed[committed.metric.isin(TOLERANCE)], frame, ["run", "metric", "method", "pattern", "sparsity"]
-    )
-    if both.empty:
-        print(f"\nnothing to compare: no run of these is in {reference}")
-        return 1
-    shown = pd.DataFrame(
-        {
-            "run": both.run.map(lambda r: r.split("/", 2)[-1]),
-            "number": [
-                f"{m} {tables.column_label(me, pa, sp)}"
-                for m, me, pa, sp in zip(both.metric, both.method, both.pattern, both.sparsity)
-            ],
-            "committed": both.value_before.map(lambda v: f"{v:.4g}"),
-            "yours": both.value_after.map(lambda v: f"{v:.4g}"),
-            "tolerance": both.tolerance.str.replace(" tolerance", ""),
-            "agrees": both.agrees.map({True: "yes", False: "NO"}),
-        }
-    )
-    machines = {
-        name: ", ".join(
-            sorted({machine_text(r) for r in rows.drop_duplicates("run").dropna(subset=["host"]).itertuples()})
-        )
-        or "not recorded"
-        for name, rows in (("committed", committed), ("yours", frame))
-    }
-    print(
-        f"\n## Your runs beside the committed reference ({reference.relative_to(REPO) if reference.is_relative_to(REPO) else reference})\n"
-    )
-    print(tables.markdown(shown, right=2))
-    print(f"\ncommitted on: {machines['committed']}\nyours on: {machines['yours']}")
-    print(
-        f"{int(both.agrees.sum())} of {len(both)} numbers agree within their tolerance "
-        "(one seed: an illustration of the pipeline, not evidence; the study's ten seeds are)"
-    )
-    return int(not both.agrees.all())
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     """`horst-study` (scripts/embedded_study.py): the embedded study, the demo, their reports and checks.
 
@@ -797,7 +685,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                                                 # then compares with the committed results/demo/
         horst-study --demo --out results/demo   # make demo-reference: the committed reference
         horst-study --report-only               # no runs: the report of the runs done
-        horst-study --check                     # make check-results: rerun one cell per pipeline
+        horst-study --check                     # make check-results: rerun one cell per pipeline, judged
+                                                # bit for bit or against its seeds' spread (study/check.py)
         horst-study hydra/launcher=slurm        # extra overrides go to every multirun
 
     Refuses a dirty tree, arms not tuned alike (the embedded study), new runs beside runs of
@@ -816,7 +705,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--demo", action="store_true", help="the demo (configs/study/demo_*.yaml) into outputs/demo")
     parser.add_argument("--report-only", action="store_true", help="run nothing; report the runs done")
     parser.add_argument(
-        "--check", action="store_true", help="rerun the first seed of one cell per pipeline, compare with runs.csv"
+        "--check",
+        action="store_true",
+        help="rerun HORST's last cell per pipeline: bit for bit where the record was made in the reproducible "
+        "CPU mode, else a few seeds against the committed seeds' spread",
     )
     parser.add_argument(
         "--out",

@@ -1,0 +1,245 @@
+"""What a rerun can say about a committed record: `make check-results` and the end of `make demo`.
+
+A CPU run's last bits follow the code paths its libraries chose on its CPU, and a run near a
+stability edge amplifies them: the same seed trains on one CPU and diverges on another. So a rerun
+is judged by the kind of check the record allows, and the check says which kind it was:
+
+* **bit for bit**, where the record was made in the reproducible CPU mode (`horst_sparse.cpu_mode`,
+  its `reproducible_cpu` column) and the rerun runs in it at the same thread count: every number of
+  the rerun must equal the record's (to the record's SIGNIFICANT_DIGITS), a divergence included.
+* **within the committed spread**, where it was not (protocols v1-v6): another CPU's rerun of a
+  seed is, for a chaotic run, a fresh draw from the seed-to-seed distribution, so RERUN_SEEDS seeds
+  of the cell are rerun and the cell's endpoint (ENDPOINT) is tested against all its committed
+  seeds: an exact two-sided rank test (a diverged run ranked worst, as tuning scores it), failing at
+  p < ALPHA, with each side's divergence rate. The other numbers are shown, not tested.
+
+Both name the machines (CPU model, torch's capability, threads, mode) of the record and of the rerun,
+a diverged rerun's included.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from horst_sparse.analysis.runs import read_record, scan
+from horst_sparse.analysis.tables import SIGNIFICANT_DIGITS
+from horst_sparse.paths import REPO
+
+CHECKED_ARM = "horst"  # the arm the claims are about: its cell at the preset's last (highest) sparsity
+RERUN_SEEDS = 3  # reruns of a record made outside the reproducible mode: its first reporting seeds
+ALPHA = 0.01  # at 10 committed seeds and 3 reruns, the smallest p is 2 / C(13, 3) = 0.007: all 3 beyond all 10
+# The number a cell's spread check tests, per metric: (method, pattern) of its row, and whether higher is better
+ENDPOINT = {"top1": ("acdc", "unstructured", True), "ppl": ("none", "dense", False)}
+KEYS = ["metric", "method", "pattern", "sparsity"]
+
+
+def as_recorded(value: float) -> float:
+    """`value` as the record keeps it (write_csv's significant digits)."""
+    return float(f"{value:.{SIGNIFICANT_DIGITS}g}") if math.isfinite(value) else value
+
+
+def identical(before: float, after: float) -> bool:
+    """The same recorded number, or both missing (diverged)."""
+    if math.isnan(before) or math.isnan(after):
+        return math.isnan(before) and math.isnan(after)
+    return as_recorded(before) == as_recorded(after)
+
+
+def shown(value: float) -> str:
+    return "diverged" if math.isnan(value) else f"{value:.6g}"
+
+
+def rank_test(committed: Sequence[float], reruns: Sequence[float], *, higher_is_better: bool) -> float:
+    """Exact two-sided p of the reruns' mean rank among committed + reruns under exchangeability
+    (every split of the pooled runs into two groups of these sizes equally likely). A diverged run
+    (NaN) ranks worst; ties share their mean rank."""
+    badness = [math.inf if math.isnan(v) else (-v if higher_is_better else v) for v in [*committed, *reruns]]
+    ranks = pd.Series(badness).rank(method="average").tolist()
+    k, expected = len(reruns), sum(ranks) / len(ranks)
+    observed = abs(sum(ranks[len(committed) :]) / k - expected)
+    splits = list(itertools.combinations(ranks, k))
+    extreme = sum(abs(sum(split) / k - expected) >= observed - 1e-12 for split in splits)
+    return extreme / len(splits)
+
+
+def machine_text(row: Any) -> str:
+    """`host vm (Intel Xeon ..., AVX512), 1 torch thread(s) a run, reproducible mode`: where a run's
+    numbers were computed; 'a machine not recorded' where the run recorded none."""
+    if pd.isna(getattr(row, "host", None)):
+        return "a machine not recorded"
+    capability = "" if pd.isna(getattr(row, "cpu_capability", None)) else f", {row.cpu_capability}"
+    gpu = "" if pd.isna(getattr(row, "gpu", None)) else f", GPU {row.gpu}"
+    reproducible = getattr(row, "reproducible_cpu", None)
+    mode = (
+        ""
+        if reproducible is None or pd.isna(reproducible)
+        else ", reproducible mode"
+        if str(reproducible) == "True"
+        else ", native mode"
+    )
+    return f"host {row.host} ({row.cpu}{capability}{gpu}), {row.cpu_threads:.0f} torch thread(s) a run{mode}"
+
+
+def machines(rows: pd.DataFrame) -> str:
+    return "; ".join(sorted({machine_text(r) for r in rows.drop_duplicates("run").itertuples()})) or "none"
+
+
+def in_reproducible_mode(rows: pd.DataFrame) -> bool:
+    """Whether every run of `rows` recorded the reproducible CPU mode (a run that recorded none was not in it)."""
+    return "reproducible_cpu" in rows and rows.reproducible_cpu.map(lambda v: str(v) == "True").all()
+
+
+def check_results(study: str, *, extra: Sequence[str] = (), pipelines: Sequence[str] | None = None) -> int:
+    """Per pipeline, CHECKED_ARM's cell at the preset's last sparsity, rerun into a scratch folder and
+    judged by the kind of check its record allows (module docstring); 0 where the record reproduces
+    in that sense, 1 where it does not or there is nothing to compare."""
+    from horst_sparse.study.run import presets_of, run_multiruns, study_jobs
+
+    record = read_record([REPO / "results" / study / "runs.csv"])
+    jobs = [j for j in study_jobs(presets_of(study, pipelines), extra) if j.config.get("arm") == CHECKED_ARM]
+    if not jobs:
+        print(f"no job of arm {CHECKED_ARM} in the study's presets: nothing to check")
+        return 1
+    worst = 0
+    for pipeline in dict.fromkeys(j.pipeline for j in jobs):
+        mine = [j for j in jobs if j.pipeline == pipeline]
+        cell = [j for j in mine if j.overrides == mine[-1].overrides]  # the preset's last cell, every seed
+        committed = record[record.run.isin({j.run for j in cell}) & record.signature.isin({j.signature for j in cell})]
+        committed = committed.drop_duplicates(["run", *KEYS])
+        if committed.empty:
+            print(f"{cell[0].run}: not in the record as a run of this job's config; nothing to compare")
+            worst = 1
+            continue
+        seeds = sorted(j.seed for j in cell)
+        first_run = committed[committed.seed == seeds[0]]
+        exact = in_reproducible_mode(first_run)
+        rerun_seeds = seeds[:1] if exact else seeds[:RERUN_SEEDS]
+        kind = "bit for bit" if exact else f"within the committed spread of {committed.run.nunique()} seeds"
+        print(f"\n## {pipeline}: {' '.join(cell[0].overrides)}, seed(s) {rerun_seeds} rerun; check: {kind}")
+        with tempfile.TemporaryDirectory(prefix="check-results-") as scratch:
+            line = [
+                *cell[0].overrides,
+                f"seed={','.join(map(str, rerun_seeds))}",
+                f"hydra.sweep.dir={scratch}",
+                "hydra.sweep.subdir=seed${seed}",
+            ]
+            run_multiruns([(cell[0].preset, line)], extra)
+            reruns = scan([scratch]).frame
+        unfinished = sorted(set(rerun_seeds) - set(reruns.seed[reruns.status.isin(["done", "diverged"])]))
+        if unfinished:
+            print(f"the rerun of seed(s) {unfinished} did not finish (neither done nor diverged): no verdict")
+            worst = 1
+            continue
+        print(f"committed on: {machines(committed)}\nrerun on: {machines(reruns)}")
+        if exact and not in_reproducible_mode(reruns):
+            print("the rerun was not in the reproducible CPU mode (see above): bit for bit cannot be asked of it")
+            worst = 1
+            continue
+        judge = exactly if exact else within_spread
+        worst = max(worst, judge(committed, reruns, rerun_seeds))
+    return worst
+
+
+def exactly(committed: pd.DataFrame, reruns: pd.DataFrame, seeds: Sequence[int]) -> int:
+    """Every number of the rerun seed identical to the record's; 1 where one is not."""
+    both = committed[committed.seed == seeds[0]].merge(reruns, on=KEYS, suffixes=("_before", "_after"))
+    same = [identical(b, a) for b, a in zip(both.value_before, both.value_after)]
+    for row, agrees in zip(both.itertuples(), same):
+        print(
+            f"{row.metric} {row.method} {row.pattern} {row.sparsity:g}: committed {shown(row.value_before)}, "
+            f"rerun {shown(row.value_after)}: {'identical' if agrees else 'DIFFERS'}"
+        )
+    verdict = all(same) and len(both) == len(committed[committed.seed == seeds[0]])
+    print(
+        f"{sum(same)} of {len(both)} numbers identical: "
+        + ("the record reproduces bit for bit" if verdict else "the record does NOT reproduce bit for bit")
+    )
+    return int(not verdict)
+
+
+def within_spread(committed: pd.DataFrame, reruns: pd.DataFrame, seeds: Sequence[int]) -> int:
+    """The endpoint's rank test (ALPHA) and each side's divergence rate; every other number shown beside
+    the committed range. 1 where the reruns fall outside the committed spread."""
+    status = 0
+    for key, rows in committed.groupby(KEYS, sort=False):
+        metric, method, pattern, sparsity = key
+        before = rows.value.tolist()
+        after = reruns.set_index(KEYS).value.loc[[key]].tolist() if key in reruns.set_index(KEYS).index else []
+        if not after:
+            continue
+        finite = [v for v in before if math.isfinite(v)]
+        spread = f"{min(finite):.6g} to {max(finite):.6g}" if finite else "none finished"
+        diverged = f"diverged {sum(map(math.isnan, before))} of {len(before)} committed, {sum(map(math.isnan, after))} of {len(after)} rerun"
+        line = f"{metric} {method} {pattern} {sparsity:g}: reruns {', '.join(map(shown, after))}; committed {spread}; {diverged}"
+        endpoint = ENDPOINT.get(metric)
+        if endpoint is None or endpoint[:2] != (method, pattern):
+            print(f"{line} (shown, not tested)")
+            continue
+        p = rank_test(before, after, higher_is_better=endpoint[2])
+        outside = p < ALPHA
+        status = max(status, int(outside))
+        print(
+            f"{line}; rank test p = {p:.3g}: "
+            + (
+                f"OUTSIDE the committed spread (p < {ALPHA})"
+                if outside
+                else f"within the committed spread (p >= {ALPHA})"
+            )
+        )
+    print(
+        "the record reproduces within its spread"
+        if not status
+        else "the record does NOT reproduce: the reruns fall outside its spread"
+    )
+    return status
+
+
+def compare_with_reference(frame: pd.DataFrame, reference: Path) -> int:
+    """make demo's last words: each top-1 and perplexity of these runs beside the committed reference's;
+    both made in the reproducible CPU mode, each must be identical (a divergence included), else the
+    numbers are shown and not judged. 0 when every number is identical."""
+    from horst_sparse.analysis import tables
+
+    if not reference.is_file():
+        print(f"\nnothing to compare: no committed reference {reference} (make demo-reference writes one)")
+        return 1
+    committed = read_record([reference])
+    both = committed[committed.metric.isin(ENDPOINT)].merge(frame, on=["run", *KEYS], suffixes=("_before", "_after"))
+    if both.empty:
+        print(f"\nnothing to compare: no run of these is in {reference}")
+        return 1
+    same = [identical(b, a) for b, a in zip(both.value_before, both.value_after)]
+    table = pd.DataFrame(
+        {
+            "run": both.run.map(lambda r: r.split("/", 2)[-1]),
+            "number": [
+                f"{m} {tables.column_label(me, pa, sp)}"
+                for m, me, pa, sp in zip(both.metric, both.method, both.pattern, both.sparsity)
+            ],
+            "committed": both.value_before.map(shown),
+            "yours": both.value_after.map(shown),
+            "identical": ["yes" if s else "NO" for s in same],
+        }
+    )
+    where = reference.relative_to(REPO) if reference.is_relative_to(REPO) else reference
+    print(f"\n## Your runs beside the committed reference ({where})\n")
+    print(tables.markdown(table, right=2))
+    print(f"\ncommitted on: {machines(committed)}\nyours on: {machines(frame)}")
+    if not (in_reproducible_mode(committed) and in_reproducible_mode(frame)):
+        print(
+            "not every run was made in the reproducible CPU mode: the numbers are shown, not judged "
+            "(only that mode gives the same bits on another CPU)"
+        )
+        return 1
+    print(
+        f"{sum(same)} of {len(both)} numbers identical, bit for bit (one seed: an illustration of the pipeline, "
+        "not evidence; the study's ten seeds are)"
+    )
+    return int(not all(same))
