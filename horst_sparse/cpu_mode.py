@@ -16,7 +16,7 @@ from one CPU to another, and a run near a stability edge trains on one and diver
 Each is read once, when its library starts, so `pin()` must run before torch (and numpy) are
 imported: `horst_sparse/__init__.py` calls it, so every process that runs a pipeline (an entry
 point, a launcher's worker unpickling its task, torchrun's ranks) is pinned, and subprocesses
-inherit it. `HORST_CPU_MODE=native` leaves every library to its own choice (the fastest code for
+inherit it (so a launcher's worker that loads numpy before horst_sparse is pinned too). `HORST_CPU_MODE=native` leaves every library to its own choice (the fastest code for
 this CPU, bits that are this CPU's). The thread count is the run's `cpu_threads`; summation order
 follows it, so the same bits need the same count.
 
@@ -70,7 +70,10 @@ def pin() -> None:
         return
     _pinned["wanted"] = wanted()
     _pinned["missing_flags"] = missing_cpu_flags() if _pinned["wanted"] else []
-    _pinned["too_late"] = sorted(m for m in ("torch", "numpy") if m in sys.modules)
+    # a library loaded before this call read the environment the process started with: too late,
+    # unless that environment was pinned already (a launcher's worker, forked by a pinned process)
+    inherited = all(os.environ.get(name) == value for name, value in PINS.items())
+    _pinned["too_late"] = [] if inherited else sorted(m for m in ("torch", "numpy") if m in sys.modules)
     if _pinned["wanted"] and not _pinned["missing_flags"]:
         os.environ.update(PINS)
 

@@ -43,6 +43,11 @@ def test_the_pins_are_read_back_from_the_libraries_not_assumed():
     code = "import torch, horst_sparse.cpu_mode as m; print(m.problem())"
     late = run_python(code)  # torch first: too late to pin
     assert "torch was imported before horst_sparse pinned it" in late.stdout
+    # a launcher's worker that loads numpy first, from a pinned parent's environment, is pinned
+    inherited = run_python(
+        "import numpy, horst_sparse, torch, horst_sparse.cpu_mode as m; print(m.problem())", **cpu_mode.PINS
+    )
+    assert inherited.stdout.strip() == "None"
     native = run_python(
         "import horst_sparse, torch, horst_sparse.cpu_mode as m; print(m.problem())", HORST_CPU_MODE="native"
     )

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import yaml
 
-from horst_sparse.training.run_log import RunLogger, wandb_mode
+from horst_sparse.training.run_log import LogLines, RunLogger, labelled_output, progress_bar, wandb_mode
 
 
 def _steps(run_dir):
@@ -120,3 +121,16 @@ def test_progress_in_a_log_file_is_plain_lines_with_the_postfix(capsys):
         "epoch done",
     ]
     assert "\r" not in out + err
+
+
+def test_labelled_output_starts_every_line_and_redraw_with_the_runs_label(capsys):
+    with labelled_output("vit horst/s0.9/seed0"):
+        print("epoch 1\nepoch 2")
+        sys.stderr.write("step 1\rstep 2")
+        sys.stderr.write(" more\n")
+        assert isinstance(progress_bar(total=3), LogLines)  # no tqdm bar fighting another run's on the terminal
+    captured = capsys.readouterr()
+    assert captured.out == "[vit horst/s0.9/seed0] epoch 1\n[vit horst/s0.9/seed0] epoch 2\n"
+    assert captured.err == "[vit horst/s0.9/seed0] step 1\r[vit horst/s0.9/seed0] step 2 more\n"
+    print("after")
+    assert capsys.readouterr().out == "after\n"

@@ -14,6 +14,7 @@ tables as an artifact.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -65,10 +66,42 @@ class LogLines:
         pass
 
 
+class Labelled:
+    """A text stream that starts every line (and every `\\r` redraw) with a run's label: the
+    output of runs side by side (a multirun's parallel launcher) stays readable line by line."""
+
+    def __init__(self, stream: Any, label: str) -> None:
+        self.stream, self.prefix, self.at_line_start = stream, f"[{label}] ", True
+
+    def write(self, text: str) -> int:
+        out = []
+        for piece in text.splitlines(keepends=True):
+            if self.at_line_start:
+                out.append(self.prefix)
+            out.append(piece)
+            self.at_line_start = piece.endswith(("\n", "\r"))
+        self.stream.write("".join(out))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:  # flush, fileno, encoding, ...: the stream's own
+        return getattr(self.stream, name)
+
+
+@contextlib.contextmanager
+def labelled_output(label: str):
+    """stdout and stderr as `Labelled` streams for the duration."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = Labelled(sys.stdout, label), Labelled(sys.stderr, label)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
 def progress_bar(*, total: int, initial: int = 0, desc: str | None = None, disable: bool = False):
     """tqdm's bar on a terminal; plain `LogLines` where stderr is not one (no `\\r` redraws in
-    a log file)."""
-    if sys.stderr.isatty():
+    a log file) or is labelled (two bars redrawing one terminal line overwrite each other)."""
+    if sys.stderr.isatty() and not isinstance(sys.stderr, Labelled):
         from tqdm import tqdm
 
         return tqdm(total=total, initial=initial, desc=desc, disable=disable, dynamic_ncols=True)

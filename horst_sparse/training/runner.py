@@ -18,6 +18,7 @@ lets the sweep go on to the next one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -69,6 +70,7 @@ from horst_sparse.training.run_log import (
     RunLogger,
     environment,
     git_commit,
+    labelled_output,
     write_json_atomic,
 )
 
@@ -665,8 +667,11 @@ def hydra_task(task: Callable[..., dict], cfg: DictConfig) -> dict | None:
     _continue_command = continue_command(cfg.pipeline, hydra_cfg.overrides.task, run_dir)
     _sweep = Path(hydra_cfg.sweep.dir).name if multirun else None
     exit_code = 1  # what an unfinished run's log ends with, unless a RunError says otherwise
+    # a multirun's cells may run side by side (joblib): each line they print names its cell
+    label = f"{cfg.pipeline} {run_dir.relative_to(hydra_cfg.sweep.dir) if multirun else ''}".strip()
     try:
-        return task(cfg, run_dir=run_dir)
+        with labelled_output(label) if multirun else contextlib.nullcontext():
+            return task(cfg, run_dir=run_dir)
     except RunError as error:
         reason, exit_code, step = str(error), error.exit_code, getattr(error, "step", None)
         if "Original Traceback" in reason:  # re-raised from a DataLoader worker: the original message
