@@ -46,3 +46,11 @@ def test_the_imagenet_loader_benchmark_compares_the_pipeline_with_reforked_worke
     )  # fmt: skip
     assert "reference (workers forked every epoch" in out and "pipeline (persistent workers" in out
     assert "from the cached list" in out
+
+
+@pytest.mark.slow  # ~3 min: four real runs
+def test_the_cpu_mode_bench_times_each_run_in_both_modes():
+    out = bench("cpu_mode.py", "--rounds", "1", "--gpt2-steps", "8")
+    table = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert [row[0].strip() for row in table] == ["vit (mnist1d, 40 epochs)", "gpt2 (pydoc, 8 updates)"]
+    assert all(float(row[3]) > 0 for row in table)

@@ -5,8 +5,11 @@ made it (trivial there; on another x86 CPU, the check that the mode pins every c
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
+from conftest import ROOT
 
 from horst_sparse.analysis.runs import scan
 from horst_sparse.cpu_mode import missing_cpu_flags
@@ -45,3 +48,22 @@ def test_a_differing_loss_curve_is_named_by_its_first_step(measured):
     (line,) = fingerprint.differences(changed, runs)
     assert line.startswith(f"gpt2: the loss first differs at step {step} (")
     assert "reproducible mode" in line
+
+
+def test_writing_the_fingerprint_refuses_a_dirty_tree(tmp_path):
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+    (clone / "horst" / "__init__.py").write_text((clone / "horst" / "__init__.py").read_text() + "\n# edited\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "horst_sparse.study.fingerprint", "--write"], cwd=clone, capture_output=True, text=True
+    )
+    assert done.returncode == 1 and done.stderr.startswith("error: the working tree has uncommitted changes")
+
+
+@pytest.mark.slow  # ~1 min: both runs again, through the command
+def test_the_command_compares_with_the_committed_fingerprint():
+    done = subprocess.run(
+        [sys.executable, "-m", "horst_sparse.study.fingerprint"], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    assert done.stdout.rstrip().endswith("the same bits as the committed fingerprint")
