@@ -668,7 +668,7 @@ def hydra_task(task: Callable[..., dict], cfg: DictConfig) -> dict | None:
     _sweep = Path(hydra_cfg.sweep.dir).name if multirun else None
     exit_code = 1  # what an unfinished run's log ends with, unless a RunError says otherwise
     # a multirun's cells may run side by side (joblib): each line they print names its cell
-    label = f"{cfg.pipeline} {run_dir.relative_to(hydra_cfg.sweep.dir) if multirun else ''}".strip()
+    label = f"{cfg.pipeline} {hydra_cfg.sweep.subdir}"
     try:
         with labelled_output(label) if multirun else contextlib.nullcontext():
             return task(cfg, run_dir=run_dir)
