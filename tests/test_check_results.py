@@ -130,3 +130,23 @@ def test_the_demo_judges_identical_numbers_and_shows_a_divergence_as_such(tmp_pa
     native = committed.assign(reproducible_cpu=False)
     assert check.compare_with_reference(native, reference) == 1
     assert "the numbers are shown, not judged" in capsys.readouterr().out
+
+
+def test_a_gpt2_whose_perplexity_pruning_does_not_move_is_collapsed():
+    def run(name, dense, pruned):
+        frame = pd.concat(
+            [
+                rows([dense], metric="ppl", method="none", pattern="dense", sparsity=0.0),
+                *(rows([v], metric="ppl", method="magnitude", sparsity=s) for s, v in pruned.items()),
+            ]
+        )
+        return frame.assign(run=name)
+
+    frame = pd.concat(
+        [
+            run("gpt2/horst/seed0", 294.5, {0.5: 294.6, 0.9: 296.3}),  # within 1 %: nothing in its blocks
+            run("gpt2/adamw/seed0", 61.5, {0.5: 62.0, 0.9: 187.1}),
+            run("gpt2/ham/seed0", NAN, {0.5: NAN, 0.9: NAN}),  # diverged: shown as diverged, not collapsed
+        ]
+    )
+    assert check.collapsed(frame) == {"gpt2/horst/seed0"}

@@ -38,6 +38,9 @@ ALPHA = 0.01  # at 10 committed seeds and 3 reruns, the smallest p is 2 / C(13, 
 # The number a cell's spread check tests, per metric: (method, pattern) of its row, and whether higher is better
 ENDPOINT = {"top1": ("acdc", "unstructured", True), "ppl": ("none", "dense", False)}
 KEYS = ["metric", "method", "pattern", "sparsity"]
+# A GPT-2 whose perplexity moves less than this from dense to the most pruned magnitude cell: its block
+# matrices carry nothing (the model collapsed to what its embeddings and head predict alone)
+COLLAPSE_SPREAD = 0.01
 
 
 def as_recorded(value: float) -> float:
@@ -54,6 +57,20 @@ def identical(before: float, after: float) -> bool:
 
 def shown(value: float) -> str:
     return "diverged" if math.isnan(value) else f"{value:.6g}"
+
+
+def collapsed(frame: pd.DataFrame) -> set[str]:
+    """The runs whose perplexity pruning does not move (COLLAPSE_SPREAD): a collapsed model, not a
+    robust one, which a comparison shows as such."""
+    ppl = frame[
+        (frame.metric == "ppl")
+        & frame.method.isin(["none", "magnitude"])
+        & frame.pattern.isin(["dense", "unstructured"])
+    ]
+    spread = ppl.groupby("run").value.agg(
+        lambda v: v.max() / v.min() - 1 if v.notna().all() and len(v) > 1 else math.inf
+    )
+    return set(spread.index[spread < COLLAPSE_SPREAD])
 
 
 def rank_test(committed: Sequence[float], reruns: Sequence[float], *, higher_is_better: bool) -> float:
@@ -219,6 +236,11 @@ def compare_with_reference(frame: pd.DataFrame, reference: Path) -> int:
         print(f"\nnothing to compare: no run of these is in {reference}")
         return 1
     same = [identical(b, a) for b, a in zip(both.value_before, both.value_after)]
+    dead = {"committed": collapsed(committed), "yours": collapsed(frame)}
+
+    def cell(values: pd.Series, side: str) -> list[str]:
+        return [shown(v) + (" (collapsed)" if run in dead[side] else "") for run, v in zip(both.run, values)]
+
     table = pd.DataFrame(
         {
             "run": both.run.map(lambda r: r.split("/", 2)[-1]),
@@ -226,8 +248,8 @@ def compare_with_reference(frame: pd.DataFrame, reference: Path) -> int:
                 f"{m} {tables.column_label(me, pa, sp)}"
                 for m, me, pa, sp in zip(both.metric, both.method, both.pattern, both.sparsity)
             ],
-            "committed": both.value_before.map(shown),
-            "yours": both.value_after.map(shown),
+            "committed": cell(both.value_before, "committed"),
+            "yours": cell(both.value_after, "yours"),
             "identical": ["yes" if s else "NO" for s in same],
         }
     )
@@ -235,6 +257,12 @@ def compare_with_reference(frame: pd.DataFrame, reference: Path) -> int:
     print(f"\n## Your runs beside the committed reference ({where})\n")
     print(tables.markdown(table, right=2))
     print(f"\ncommitted on: {machines(committed)}\nyours on: {machines(frame)}")
+    if dead["committed"] | dead["yours"]:
+        print(
+            f"collapsed: {', '.join(sorted(r.split('/', 2)[-1] for r in dead['committed'] | dead['yours']))}: "
+            f"pruning to the highest sparsity moves its perplexity by less than {COLLAPSE_SPREAD:.0%}, so its "
+            "block matrices carry nothing (a collapsed model, not a robust one)"
+        )
     if not (in_reproducible_mode(committed) and in_reproducible_mode(frame)):
         print(
             "not every run was made in the reproducible CPU mode: the numbers are shown, not judged "
