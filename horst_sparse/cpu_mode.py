@@ -76,6 +76,10 @@ def pin() -> None:
     _pinned["too_late"] = [] if inherited else sorted(m for m in ("torch", "numpy") if m in sys.modules)
     if _pinned["wanted"] and not _pinned["missing_flags"]:
         os.environ.update(PINS)
+    elif not _pinned["wanted"]:  # native: drop the pins a pinned parent passed down (a value of the user's stays)
+        for name, value in PINS.items():
+            if os.environ.get(name) == value:
+                del os.environ[name]
 
 
 def _mkl_branch() -> int | None:

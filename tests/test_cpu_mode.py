@@ -52,6 +52,9 @@ def test_the_pins_are_read_back_from_the_libraries_not_assumed():
         "import horst_sparse, torch, horst_sparse.cpu_mode as m; print(m.problem())", HORST_CPU_MODE="native"
     )
     assert "HORST_CPU_MODE=native" in native.stdout
+    # native under a pinned parent: the pins it inherited are dropped, each library chooses again
+    code = "import horst_sparse, torch, horst_sparse.cpu_mode as m; print(m.state()['mkl_cbwr'])"
+    assert run_python(code, HORST_CPU_MODE="native", **cpu_mode.PINS).stdout.strip() != "0x10003"
 
 
 @pytest.mark.skipif("avx512f" not in Path("/proc/cpuinfo").read_text(), reason="an AVX-512 CPU shows the change")

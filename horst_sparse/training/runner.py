@@ -668,9 +668,8 @@ def hydra_task(task: Callable[..., dict], cfg: DictConfig) -> dict | None:
     _sweep = Path(hydra_cfg.sweep.dir).name if multirun else None
     exit_code = 1  # what an unfinished run's log ends with, unless a RunError says otherwise
     # a multirun's cells may run side by side (joblib): each line they print names its cell
-    label = f"{cfg.pipeline} {hydra_cfg.sweep.subdir}"
     try:
-        with labelled_output(label) if multirun else contextlib.nullcontext():
+        with labelled_output(f"{cfg.pipeline} {hydra_cfg.sweep.subdir}") if multirun else contextlib.nullcontext():
             return task(cfg, run_dir=run_dir)
     except RunError as error:
         reason, exit_code, step = str(error), error.exit_code, getattr(error, "step", None)
