@@ -142,7 +142,7 @@ def metric_figure(
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=2, frameon=False)
     counts = rows[np.isfinite(rows["value"])].groupby(["data", "model", "line", "sparsity"])["seed"].nunique()
     shown = [f"arms: {', '.join(arms)}", _interval_words(counts, confidence)]
-    fig.suptitle("\n".join([title, *(textwrap.fill(line, 80 * len(panels)) for line in shown)]), fontsize=10)
+    fig.suptitle("\n".join(textwrap.fill(line, 80 * len(panels)) for line in [title, *shown]), fontsize=10)
     fig.savefig(path, dpi=130)
     plt.close(fig)
 
