@@ -150,3 +150,11 @@ def test_a_gpt2_whose_perplexity_pruning_does_not_move_is_collapsed():
         ]
     )
     assert check.collapsed(frame) == {"gpt2/horst/seed0"}
+
+
+def test_a_protocol_from_v7_on_accepts_only_runs_in_the_reproducible_mode():
+    frame = pd.concat([rows([1.0], mode=True), rows([2.0], first_seed=11, mode=NAN), rows([3.0], first_seed=12)])
+    assert check.unreproducible_runs(frame, 6) == []  # v1-v6 ran before the mode existed
+    assert check.unreproducible_runs(frame, None) == []  # the demo: no protocol
+    assert check.unreproducible_runs(frame, 7) == ["runs/seed11", "runs/seed12"]
+    assert check.unreproducible_runs(frame.drop(columns="reproducible_cpu"), 7) == sorted(frame.run)

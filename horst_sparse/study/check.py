@@ -38,6 +38,7 @@ ALPHA = 0.01  # at 10 committed seeds and 3 reruns, the smallest p is 2 / C(13, 
 # The number a cell's spread check tests, per metric: (method, pattern) of its row, and whether higher is better
 ENDPOINT = {"top1": ("acdc", "unstructured", True), "ppl": ("none", "dense", False)}
 KEYS = ["metric", "method", "pattern", "sparsity"]
+REPRODUCIBLE_SINCE = 7  # the first protocol version registered after the reproducible CPU mode: its runs are in it
 # A GPT-2 whose perplexity moves less than this from dense to the most pruned magnitude cell: its block
 # matrices carry nothing (the model collapsed to what its embeddings and head predict alone)
 COLLAPSE_SPREAD = 0.01
@@ -111,6 +112,15 @@ def machines(rows: pd.DataFrame) -> str:
 def in_reproducible_mode(rows: pd.DataFrame) -> bool:
     """Whether every run of `rows` recorded the reproducible CPU mode (a run that recorded none was not in it)."""
     return "reproducible_cpu" in rows and rows.reproducible_cpu.map(lambda v: str(v) == "True").all()
+
+
+def unreproducible_runs(frame: pd.DataFrame, version: int | None) -> list[str]:
+    """The runs of a protocol version from REPRODUCIBLE_SINCE on that were not made in the reproducible
+    CPU mode (such a version's record must rerun bit for bit on any x86 CPU); none for earlier ones."""
+    if version is None or version < REPRODUCIBLE_SINCE or frame.empty:
+        return []
+    outside = frame[~frame.reproducible_cpu.map(lambda v: str(v) == "True")] if "reproducible_cpu" in frame else frame
+    return sorted(outside.run.unique())
 
 
 def check_results(study: str, *, extra: Sequence[str] = (), pipelines: Sequence[str] | None = None) -> int:

@@ -55,7 +55,7 @@ from horst_sparse.compose import compose_in_context, hydra_context, sweep_jobs
 from horst_sparse.paths import CONFIGS, REPO
 from horst_sparse.pipeline import Pipeline
 from horst_sparse.pipeline import get as get_pipeline
-from horst_sparse.study.check import check_results, compare_with_reference, machine_text
+from horst_sparse.study.check import check_results, compare_with_reference, machine_text, unreproducible_runs
 
 # What a run's numbers depend on: the libraries, the pipelines and their scaffolding, the configs
 # (not the results layer or the study's own code, which read numbers and write none).
@@ -591,6 +591,12 @@ def run_study(
             "their job; their numbers are not this code's. Delete their folders and rows of "
             f"{record.relative_to(REPO) if record.is_relative_to(REPO) else record} to rerun them:\n  "
             + "\n  ".join(problems)
+        )
+    if outside := unreproducible_runs(frame, version):
+        raise StudyError(
+            f"{len(outside)} run(s) of protocol v{version} were not made in the reproducible CPU mode, which its "
+            f"record needs (bit for bit on any x86 CPU); rerun them without reproducible_cpu=false or "
+            f"HORST_CPU_MODE=native (delete their folders and rows): {', '.join(outside[:3])}"
         )
     done = set(frame.run)
     todo = [j for j in jobs if j.run not in done]
