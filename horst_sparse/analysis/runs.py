@@ -48,8 +48,23 @@ NOT_SIGNATURE = ("seed", "arm", "acdc.sparsity", "prune")
 UNRECORDED = "unrecorded"  # the signature of a record row whose run's config was not recorded
 # horst_sparse.training.runner.NON_FINITE_EXIT_CODE (importing it would import torch): a run that diverged
 DIVERGED_EXIT_CODE = 4
-# What a run of a cell is: one run of its settings at one seed (a repeat of both is one replicate)
-REPLICATE = ["pipeline", "data", "model", "arm", "signature", "eval_split", "seed"]
+# What one number of a cell is: a measurement (metric, method, pattern, sparsity) of a run of its
+# settings at one seed; the same number measured by two runs of the same settings and seed is one
+# replicate. The table's column keys (NOT_SIGNATURE's acdc.sparsity, prune) are the number's own keys,
+# so runs that differ only in them (a sparsity sweep) measure different numbers and both count.
+REPLICATE = [
+    "pipeline",
+    "data",
+    "model",
+    "arm",
+    "signature",
+    "eval_split",
+    "seed",
+    "metric",
+    "method",
+    "pattern",
+    "sparsity",
+]
 RECORD_COLUMNS = [
     "run",
     "pipeline",
@@ -385,28 +400,30 @@ def read_runs(dirs: Sequence[str | Path], *, tuning: bool = True) -> Found:
 
 def results(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     """The rows a table counts and why the others are not: runs that failed or were cancelled
-    measured nothing (a diverged run's NaN counts, as `[diverged k]`); a run of the settings and
-    seed of another (`REPLICATE`: the same cell run twice, e.g. by two sweeps) is one replicate,
-    not two: the newest (the last folder in path order, as Hydra's dated folders sort), finished
-    where one is, counts. Record rows whose config was not recorded are kept as they are."""
+    measured nothing (a diverged run's NaN counts, as `[diverged k]`); a number that a run of the
+    settings and seed of another measured too (`REPLICATE`: the same cell run twice, e.g. by two
+    sweeps) is one replicate, not two: the newest run's (the last folder in path order, as Hydra's
+    dated folders sort), finished where one is, counts. Record rows whose config was not recorded
+    are kept as they are."""
     if "status" in frame:
         frame = frame[~frame["status"].isin(["failed", "cancelled"])]
-    runs = frame.drop_duplicates("run")
-    runs = runs[runs["signature"] != UNRECORDED]
-    finished = runs.get("status", pd.Series("done", index=runs.index)).fillna("done") == "done"
-    ranked = runs.assign(_finished=finished).sort_values(["_finished", "run"], kind="stable")
-    notes = []
-    dropped = set()
-    for _, group in ranked.groupby(REPLICATE, sort=False, dropna=False):
-        if len(group) > 1:
-            kept = group["run"].iloc[-1]
-            for run in group["run"].iloc[:-1]:
-                dropped.add(run)
-                notes.append(
-                    f"{run}: the settings and seed ({group['seed'].iloc[0]}) of {kept}: one replicate, "
-                    "counted once (as the latter)"
-                )
-    return frame[~frame["run"].isin(dropped)].reset_index(drop=True), sorted(notes)
+    finished = frame.get("status", pd.Series("done", index=frame.index)).fillna("done") == "done"
+    checked = frame.assign(_finished=finished)[frame["signature"] != UNRECORDED]
+    ranked = checked.sort_values(["_finished", "run"], kind="stable")
+    newest = ranked.drop_duplicates(REPLICATE, keep="last")
+    superseded = ranked.drop(newest.index)
+    notes = sorted(
+        {
+            f"{row.run}: the settings and seed ({row.seed}) of {kept}: one replicate, counted once (as the latter)"
+            for row, kept in zip(
+                superseded.itertuples(),
+                superseded.merge(
+                    newest[[*REPLICATE, "run"]], on=REPLICATE, how="left", suffixes=("", "_kept")
+                ).run_kept,
+            )
+        }
+    )
+    return frame.drop(superseded.index).reset_index(drop=True), notes
 
 
 def write_record(frame: pd.DataFrame, path: Path) -> None:

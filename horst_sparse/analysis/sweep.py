@@ -9,7 +9,8 @@ non-finite loss) scores NaN and makes its cell worst; failed and cancelled runs 
 and are listed, not scored; a run of the settings and seed of another counts once
 (`horst_sparse.analysis.runs.results`). A grid is one optimizer and one signature apart from alpha
 and beta: runs that differ in anything else (beyond horst_sparse.training.no_effect) form separate
-grids, each named by the keys that differ (`train.epochs=6`). Of equal means, the smaller alpha,
+grids, each named by the keys that differ (`train.epochs=6`), and so do runs scored at other
+sparsities (`sparsity=0.8`). Of equal means, the smaller alpha,
 then the smaller beta wins.
 """
 
@@ -44,6 +45,12 @@ def scores(frame: pd.DataFrame) -> pd.DataFrame:
     per_run = chosen.groupby("run")["value"].apply(lambda v: float(np.exp(np.log(v).mean()) if ratio else v.mean()))
     grid_keys = [c for c in runs.columns if c.startswith("config.") and c not in GRID_KEYS]
     first = runs.drop_duplicates("run").set_index("run")
+    # the sparsities a run's score is measured at: a table's column key, not in the signature, yet runs at
+    # other sparsities (a sparsity sweep) are other grids, never seeds of one
+    first["config.sparsity"] = chosen.groupby("run").sparsity.apply(
+        lambda s: float(s.iloc[0]) if s.nunique() == 1 else tuple(sorted(s.unique()))
+    )
+    grid_keys.append("config.sparsity")
     grids = first[grid_keys].apply(lambda row: repr(tuple(row)), axis=1)
     out = pd.DataFrame(
         {
