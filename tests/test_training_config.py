@@ -228,3 +228,32 @@ def test_the_resume_override_example_in_each_primary_config_is_a_key_it_has(pipe
     assert get(pipeline).lr_key in example.split(",")
     cfg = compose(get(pipeline), [f"resume_override=[{example}]"])
     check_resume_override(cfg)
+
+
+@pytest.mark.parametrize(
+    "script, override, hint",
+    [
+        ("train_vit.py", "optimizer=horts", "did you mean optimizer=horst?"),
+        ("train_gpt2.py", "experiment=smoke_gptt", "did you mean experiment=smoke_gpt2?"),
+        ("train_vit.py", "hydra/launcher=slurm_gpu", "did you mean hydra/launcher=slurm_1gpu?"),
+        ("train_vit.py", "+sweep=horst_alpha_bta", "did you mean +sweep=horst_alpha_beta?"),
+        ("train_gpt2.py", "gpt2_recipe=pydocs", "did you mean gpt2_recipe=pydoc?"),
+        ("train_vit.py", "+arm=horst,hamm", "did you mean +arm=ham?"),
+    ],
+)
+def test_an_unknown_group_option_is_one_line_with_the_closest_name(script, override, hint):
+    done = subprocess.run([sys.executable, script, override], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("error: ") and hint in line
+
+
+def test_the_planner_names_an_unknown_option_in_one_line():
+    done = subprocess.run(
+        [sys.executable, "scripts/plan.py", "train_vit.py", "-m", "optimizer=horts"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0 and "did you mean optimizer=horst?" in done.stderr and "Traceback" not in done.stderr

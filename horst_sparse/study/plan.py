@@ -357,14 +357,14 @@ def plan(
     checked for misspellings first (`horst_sparse.training.presets.misspelt_key`)."""
     from omegaconf import OmegaConf
 
-    from horst_sparse.training.presets import misspelt_key
+    from horst_sparse.training.presets import misspelt_key, unknown_option
 
     try:
         pipeline = by_script(str(script))
     except UnknownPipeline as error:
         raise PlanError(str(error)) from None
     pipeline.register_configs()
-    problem = misspelt_key(pipeline.name, overrides)
+    problem = misspelt_key(pipeline.name, overrides) or unknown_option(list(overrides))
     if problem:
         raise PlanError(problem)
     try:

@@ -103,10 +103,47 @@ def misspelt_key(pipeline: str, overrides: list[str]) -> str | None:
     return None
 
 
+def group_options(group: str) -> list[str] | None:
+    """The options of a config group (`optimizer`, `hydra/launcher`, `sweep`, ...): its YAML files and
+    what Hydra's plugins and the pipelines stored in Hydra's ConfigStore; None where `group` is no group."""
+    from hydra.core.plugins import Plugins
+
+    Plugins.instance()  # imports Hydra's plugins, which store their options (joblib, optuna, ...)
+    folder = CONFIGS / group
+    files = {p.stem for p in folder.glob("*.yaml")} if folder.is_dir() else set()
+    try:
+        stored = {n.removesuffix(".yaml") for n in ConfigStore.instance().list(group) if n.endswith(".yaml")}
+    except OSError:  # ConfigStore's "Path not found": not a group it holds
+        stored = set()
+    return sorted(files | stored) if folder.is_dir() or stored else None
+
+
+def unknown_option(overrides: list[str]) -> str | None:
+    """ "GROUP=OPTION is not a GROUP option; did you mean ...?" for the first override that names
+    an option its config group does not have (one line, before Hydra's multi-line dump), else None.
+    Sweep syntax (`choice(...)`, ranges), interpolations and null are left to Hydra."""
+    for override in overrides:
+        key, _, value = override.lstrip("+~").partition("=")
+        if not value or "." in key or key.startswith("hydra") and "/" not in key:
+            continue
+        options = group_options(key)
+        if options is None:
+            continue
+        for option in value.split(","):
+            if option in options or option == "null" or any(c in option for c in "()[]${}"):
+                continue
+            typed = override.partition("=")[0]
+            close = difflib.get_close_matches(option, options, n=1)
+            hint = f"did you mean {typed}={close[0]}? " if close else ""
+            return f"{typed}={option}: {key} has no option {option}; {hint}({key}: {', '.join(options)})"
+    return None
+
+
 def check_command_line(pipeline: str, argv: list[str]) -> None:
-    """Stop with one line if `argv` picks another pipeline's model or experiment, or names a
-    key the pipeline does not have."""
-    problem = misspelt_key(pipeline, [a for a in argv if not a.startswith("-") and ("=" in a or a.startswith("~"))])
+    """Stop with one line if `argv` picks another pipeline's model or experiment, names a key the
+    pipeline does not have, or an option a config group does not have."""
+    overrides = [a for a in argv if not a.startswith("-") and ("=" in a or a.startswith("~"))]
+    problem = misspelt_key(pipeline, overrides) or unknown_option(overrides)
     if problem:
         sys.exit(f"error: {problem}")
     own = presets(pipeline)
