@@ -158,3 +158,17 @@ def test_a_protocol_from_v7_on_accepts_only_runs_in_the_reproducible_mode():
     assert check.unreproducible_runs(frame, None) == []  # the demo: no protocol
     assert check.unreproducible_runs(frame, 7) == ["runs/seed11", "runs/seed12"]
     assert check.unreproducible_runs(frame.drop(columns="reproducible_cpu"), 7) == sorted(frame.run)
+
+
+def test_a_diverged_run_without_a_row_for_a_number_counts_as_diverged_in_it(capsys):
+    dense = rows(COMMITTED[:8] + [NAN, NAN], metric="ppl", method="none", pattern="dense", sparsity=0.0)
+    wanda = rows(COMMITTED[:8], metric="ppl", method="wanda", sparsity=0.5)  # the diverged two have no wanda row
+    reruns = pd.concat(
+        [
+            rows([80.0, 81.0, 82.0], metric="ppl", method="none", pattern="dense", sparsity=0.0),
+            rows([80.0, 81.0, 82.0], metric="ppl", method="wanda", sparsity=0.5),
+        ]
+    )
+    check.within_spread(pd.concat([dense, wanda]), reruns, [10, 11, 12])
+    out = capsys.readouterr().out
+    assert "ppl wanda unstructured 0.5: reruns 80, 81, 82; committed 79.5 to 84.1; diverged 2 of 10 committed" in out

@@ -27,6 +27,7 @@ from conftest import (
 
 from horst_sparse.gpt2.config import validate
 from horst_sparse.training.config import ConfigError
+from horst_sparse.training.test_pacing import SECONDS_PER_STEP
 
 pytestmark = pytest.mark.usefixtures("quiet_single_threaded")
 
@@ -145,9 +146,11 @@ def test_fsdp2_run_resumes_after_sigusr2_from_its_dcp_checkpoint_as_if_never_sto
     reference = run_two_processes(overrides, tmp_path / "reference")
 
     run_dir = tmp_path / "preempted"
+    # Steps of 0.5 s or more (the test suite's pacing): still training when the signal comes, however
+    # fast the machine. The reference and the requeued run are not paced.
     child = subprocess.Popen(
         torchrun(overrides, run_dir),
-        env=_subprocess_env(),
+        env={**_subprocess_env(), SECONDS_PER_STEP: "0.5"},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,

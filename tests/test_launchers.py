@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 from conftest import QUIET_ENV, ROOT, logged_steps
 
+from horst_sparse.training.test_pacing import SECONDS_PER_STEP
+
 TINY_GPT2 = [
     "model=gpt2_nano",
     "device=cpu",
@@ -260,7 +262,9 @@ def test_ctrl_c_in_a_multirun_prints_the_line_that_continues_the_whole_sweep(tmp
     steps = [o for o in steps if not o.startswith(("train.batch_size=256", "train.base_batch_size=256"))]
     command = [sys.executable, str(ROOT / "train_vit.py"), "-m", "seed=0,1", *steps]
     command.append(f"hydra.sweep.dir='{tmp_path}/sweep=${{now:%H-%M-%S}},x'")
-    environment = {**os.environ, **QUIET_ENV, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    # Steps of 0.05 s or more (the test suite's pacing): the second cell's are still training when
+    # the interrupt comes, however fast the machine. The pasted line's run is not paced.
+    environment = {**os.environ, **QUIET_ENV, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", SECONDS_PER_STEP: "0.05"}
     child = subprocess.Popen(
         command, cwd=ROOT, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
@@ -324,7 +328,10 @@ def test_a_cell_slurm_cancels_names_its_last_checkpoint_and_the_line_that_contin
     steps = [o for o in TINY_GPT2 if not o.startswith("train.max_steps=")] + ["train.max_steps=60"]
     command = [sys.executable, str(ROOT / "train_gpt2.py"), "-m", "hydra/launcher=slurm_1gpu"]
     command += ["hydra.launcher.gpus_per_node=0", *steps, f"data.dir={pydoc_dir}", f"hydra.sweep.dir={sweep}"]
-    environment = {**os.environ, **QUIET_ENV, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **env}
+    # Steps of 0.2 s or more (the test suite's pacing): the cell is still training when SIGTERM comes,
+    # however fast the machine. The pasted line's run is not paced.
+    paced = {SECONDS_PER_STEP: "0.2"}
+    environment = {**os.environ, **QUIET_ENV, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **env, **paced}
     child = subprocess.Popen(
         command, cwd=ROOT, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )

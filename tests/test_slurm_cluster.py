@@ -9,7 +9,9 @@ Skipped, with the command that starts the cluster, where it is not running (test
 The jobs are CPU jobs (`hydra.launcher.gpus_per_node=0`: one task, no GPU asked for) of the
 smallest GPT-2; the tests mostly wait on SLURM (a requeued job starts again ~12 s later). The
 `slurm_cpu` preset runs as it is; the 4-GPU preset as a CPU job asks more CPUs than the node has
-and pends (PartitionConfig), as `horst-plan` warns and `horst-sweep-status` shows.
+and pends (PartitionConfig), as `horst-plan` warns and `horst-sweep-status` shows. A cell that
+must still train when SLURM acts on it is paced (`sweep(..., seconds_per_step=...)`), so no
+verdict depends on how fast the machine trains.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from conftest import (
 )
 
 from horst_sparse.gpt2.run import run as gpt2_run
+from horst_sparse.training.test_pacing import SECONDS_PER_STEP
 
 if slurm_cluster_node() is None:
     pytest.skip(SLURM_CLUSTER_HINT, allow_module_level=True)
@@ -69,8 +72,16 @@ ENV = {**os.environ, **QUIET_ENV, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1
 TIMEOUT = 400
 
 
-def sweep(sweep_dir: Path, *overrides: str, job: Sequence[str] = CPU_JOB) -> subprocess.Popen:
-    """`python train_gpt2.py -m <job> <TINY_GPT2> overrides hydra.sweep.dir=...`, running."""
+def sweep(
+    sweep_dir: Path, *overrides: str, job: Sequence[str] = CPU_JOB, seconds_per_step: float = 0.0
+) -> subprocess.Popen:
+    """`python train_gpt2.py -m <job> <TINY_GPT2> overrides hydra.sweep.dir=...`, running. With
+    `seconds_per_step`, every step of its cells takes at least that long (the test suite's pacing,
+    horst_sparse/training/test_pacing.py): a cell that must still train when SLURM acts on it
+    does, however fast the machine."""
+    # The knob is refused without PYTEST_CURRENT_TEST, which pytest sets for each test (ENV was read
+    # before any); sbatch exports the launcher's environment to the jobs, SLURM keeps it for a requeue.
+    paced = {SECONDS_PER_STEP: str(seconds_per_step), "PYTEST_CURRENT_TEST": os.environ["PYTEST_CURRENT_TEST"]}
     command = [
         sys.executable,
         str(ROOT / "train_gpt2.py"),
@@ -80,7 +91,8 @@ def sweep(sweep_dir: Path, *overrides: str, job: Sequence[str] = CPU_JOB) -> sub
         *overrides,
         f"hydra.sweep.dir={sweep_dir}",
     ]
-    return subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = {**ENV, **paced} if seconds_per_step else ENV
+    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def wait_for(condition, what: str, timeout: float = TIMEOUT, every: float = 0.2):
@@ -106,7 +118,8 @@ def job_state(job_id: str) -> tuple[str, int]:
 
 def test_a_cell_slurm_cancels_is_a_failed_cell_and_the_others_finish(slurm_cluster, pydoc_dir, tmp_path):
     sweep_dir = tmp_path / "sweep"
-    launcher = sweep(sweep_dir, f"data.dir={pydoc_dir}", "train.max_steps=4,2000,4")
+    # Cell 1's 2000 steps of 0.1 s or more: it trains on until it is cancelled.
+    launcher = sweep(sweep_dir, f"data.dir={pydoc_dir}", "train.max_steps=4,2000,4", seconds_per_step=0.1)
     cancelled = wait_for(lambda: len(cells(sweep_dir)) == 3 and cells(sweep_dir)[1], "the submission")
     wait_for(lambda: logged_steps(Path(cancelled["run_dir"])), "cell 1 to train")
     subprocess.run(["scancel", cancelled["slurm_job_id"]], check=True)  # SIGTERM to a running job
@@ -152,7 +165,9 @@ def test_preemption_requeues_and_ends_with_the_weights_of_an_uninterrupted_run(
     (submitit's `scontrol requeue` would fail: the cell would end failed); either way the run
     checkpoints at the next step and exits, SLURM requeues the job, and the run continues from
     that checkpoint."""
-    steps = 300  # enough that the preemption (next scheduler pass) lands before the run ends, even when idle
+    # The preemption waits for the scheduler's next pass (sched_interval=10 s): the cell's 100 steps
+    # of 0.4 s or more (>= 40 s) are still training when it lands. The reference run is not paced.
+    steps, seconds_per_step = 100, 0.4
     overrides = [*TINY_GPT2, f"train.max_steps={steps}", f"data.dir={pydoc_dir}", "optimizer=horst"]
     reference = tmp_path / "reference"
     with monkeypatch.context() as patch:
@@ -171,6 +186,7 @@ def test_preemption_requeues_and_ends_with_the_weights_of_an_uninterrupted_run(
         "optimizer=horst",
         "hydra.launcher.partition=preemptible",
         "hydra.launcher.gres=slot:1",
+        seconds_per_step=seconds_per_step,
     )
     (cell,) = wait_for(lambda: cells(sweep_dir), "the submission")
     run_dir = Path(cell["run_dir"])
@@ -210,6 +226,7 @@ def test_a_two_task_ddp_cell_checkpoints_on_usr2_is_requeued_by_submitit_and_fin
         "train.max_steps=60",
         "train.batch_size=4",
         "hydra.launcher.tasks_per_node=2",
+        seconds_per_step=0.3,  # 60 steps, >= 18 s: still training when the signal comes
     )
     (cell,) = wait_for(lambda: cells(sweep_dir), "the submission")
     run_dir = Path(cell["run_dir"])
@@ -226,22 +243,25 @@ def test_a_two_task_ddp_cell_checkpoints_on_usr2_is_requeued_by_submitit_and_fin
     assert summary["train"]["world_size"] == 2 and summary["train"]["steps"] == 60
 
 
-@pytest.mark.slow  # several 2-minute time limits
+@pytest.mark.slow  # a 3-minute time limit, reached once or twice
 def test_a_cell_past_its_time_limit_is_requeued_from_its_checkpoints_until_it_finishes(
     slurm_cluster, pydoc_dir, tmp_path
 ):
     """A 3-minute limit with SIGUSR2 60 s before it: each run of the job trains until the signal,
     checkpoints, and submitit requeues it as timed out. SLURM sends the signal up to 60 s
     early: a signal that lands while Python starts, before submitit's handler, kills the job
-    (a failed cell, "User defined signal 2"), hence the margin."""
+    (a failed cell, "User defined signal 2"), hence the margin. The signal comes 60 to 120 s
+    after the job starts: the cell's 260 steps of 0.5 s or more (>= 130 s) outlast that."""
+    steps = 260
     sweep_dir = tmp_path / "sweep"
     launcher = sweep(
         sweep_dir,
         f"data.dir={pydoc_dir}",
-        "train.max_steps=1500",
+        f"train.max_steps={steps}",
         "hydra.launcher.timeout_min=3",
         "hydra.launcher.signal_delay_s=60",
         "hydra.launcher.max_num_timeout=8",
+        seconds_per_step=0.5,
     )
     _, stderr = launcher.communicate(timeout=1500)
     assert launcher.returncode == 0, stderr[-3000:]
@@ -249,7 +269,7 @@ def test_a_cell_past_its_time_limit_is_requeued_from_its_checkpoints_until_it_fi
     log = "".join(p.read_text() for p in (sweep_dir / ".submitit").rglob("*_log.*"))
     assert "this job is timed-out" in log and "resumed from" in log
     assert job_state(cell["slurm_job_id"])[1] >= 1
-    assert logged_steps(Path(cell["run_dir"])) == list(range(1, 1501))
+    assert logged_steps(Path(cell["run_dir"])) == list(range(1, steps + 1))
 
 
 def snapshot(folder: Path) -> dict[str, tuple[str, int]]:
@@ -289,7 +309,11 @@ def test_submit_and_return_then_status_follows_the_cells(slurm_cluster, pydoc_di
     command it names) shows each cell's state, records a cell SLURM ended as failed, and collects
     the tables."""
     sweep_dir = tmp_path / "sweep"
-    launcher = sweep(sweep_dir, f"data.dir={pydoc_dir}", "train.max_steps=6,2000", "hydra.launcher.wait=false")
+    # Steps of 2 s or more: the short cell (6 steps) is still running when the launcher has returned
+    # and the first status is shown; the long one trains on until it is cancelled.
+    launcher = sweep(
+        sweep_dir, f"data.dir={pydoc_dir}", "train.max_steps=6,2000", "hydra.launcher.wait=false", seconds_per_step=2
+    )
     _, stderr = launcher.communicate(timeout=TIMEOUT)
     assert launcher.returncode == 0, stderr[-3000:]
     assert f"their state: horst-sweep-status {sweep_dir}" in stderr
@@ -349,7 +373,14 @@ def test_the_cpu_preset_runs_its_cells_and_each_is_printed_as_it_ends(slurm_clus
     8-CPU node; waiting (`wait=true`), the launcher prints each cell as it ends: the short second
     cell first, while the long first one trains on."""
     sweep_dir = tmp_path / "sweep"
-    launcher = sweep(sweep_dir, f"data.dir={pydoc_dir}", "train.max_steps=300,4", job=["hydra/launcher=slurm_cpu"])
+    # The long cell's 60 steps of 0.5 s or more (>= 30 s) outlast the short one's 4 and both start-ups.
+    launcher = sweep(
+        sweep_dir,
+        f"data.dir={pydoc_dir}",
+        "train.max_steps=60,4",
+        job=["hydra/launcher=slurm_cpu"],
+        seconds_per_step=0.5,
+    )
     _, stderr = launcher.communicate(timeout=TIMEOUT)
     assert launcher.returncode == 0, stderr[-3000:]
     long, short = cells(sweep_dir)

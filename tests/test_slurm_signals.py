@@ -21,6 +21,7 @@ from conftest import ROOT, _subprocess_env, compose_cfg, final_params, logged_st
 
 from horst_sparse.gpt2.run import run
 from horst_sparse.training.preemption import PREEMPTED_EXIT_CODE
+from horst_sparse.training.test_pacing import SECONDS_PER_STEP
 
 pytestmark = pytest.mark.usefixtures("quiet_single_threaded")
 
@@ -36,10 +37,11 @@ def test_sigint_and_sigterm_checkpoint_and_the_same_command_continues_then_chang
     run_dir = tmp_path / "run"
     command = [sys.executable, str(ROOT / "train_gpt2.py"), *overrides, f"hydra.run.dir={run_dir}"]
     stopped_at = 0
+    # Steps of 0.5 s or more (the test suite's pacing): each signalled run is still training when its
+    # signal comes, however fast the machine. The run that finishes is not paced.
+    paced = {**_subprocess_env(), SECONDS_PER_STEP: "0.5"}
     for signum in (signal.SIGINT, signal.SIGTERM):
-        child = subprocess.Popen(
-            command, env=_subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-        )
+        child = subprocess.Popen(command, env=paced, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         deadline = time.time() + 300  # start-up alone took over 120 s on 2 shared cores at load 20
         while len(logged_steps(run_dir)) < stopped_at + 3 and child.poll() is None and time.time() < deadline:
             time.sleep(0.02)

@@ -198,12 +198,16 @@ def within_spread(committed: pd.DataFrame, reruns: pd.DataFrame, seeds: Sequence
     """The endpoint's rank test (ALPHA) and each side's divergence rate; every other number shown beside
     the committed range. 1 where the reruns fall outside the committed spread."""
     status = 0
-    for key, rows in committed.groupby(KEYS, sort=False):
+
+    def every_run(frame: pd.DataFrame, key: tuple) -> list[float]:
+        """The number of every run of `frame`: NaN where a run has none (a diverged run records only
+        some of the numbers it would have measured), so a divergence counts in every number."""
+        values = frame.set_index([*KEYS, "run"]).value
+        return [values.get((*key, run), math.nan) for run in frame.run.unique()]
+
+    for key, _ in committed.groupby(KEYS, sort=False):
         metric, method, pattern, sparsity = key
-        before = rows.value.tolist()
-        after = reruns.set_index(KEYS).value.loc[[key]].tolist() if key in reruns.set_index(KEYS).index else []
-        if not after:
-            continue
+        before, after = every_run(committed, key), every_run(reruns, key)
         finite = [v for v in before if math.isfinite(v)]
         spread = f"{min(finite):.6g} to {max(finite):.6g}" if finite else "none finished"
         diverged = f"diverged {sum(map(math.isnan, before))} of {len(before)} committed, {sum(map(math.isnan, after))} of {len(after)} rerun"

@@ -73,6 +73,7 @@ from horst_sparse.training.run_log import (
     labelled_output,
     write_json_atomic,
 )
+from horst_sparse.training.test_pacing import pace_step, seconds_per_step
 
 NON_FINITE_EXIT_CODE = 4  # a run stopped by a non-finite loss (preemption's is 3)
 LOCK_FILE = ".lock"  # one live writer per run folder (`lock_run_folder`)
@@ -394,6 +395,8 @@ class Run:
         first = ~torch.isfinite(loss) & (self._bad_step < 0)
         self._bad_step = torch.where(first, step, self._bad_step)
         self._bad_loss = torch.where(first, loss.detach().float(), self._bad_loss)
+        # Once per optimizer step in both pipelines: the test suite's pacing (test_pacing), else nothing.
+        self._paced_at = pace_step(getattr(self, "_paced_at", self.started))
 
     def check_losses(self) -> None:
         """Stop (`NonFiniteLossError`) if a watched loss was not finite. One host sync."""
@@ -670,6 +673,7 @@ def hydra_task(task: Callable[..., dict], cfg: DictConfig) -> dict | None:
     # a multirun's cells may run side by side (joblib): each line they print names its cell
     try:
         with labelled_output(f"{cfg.pipeline} {hydra_cfg.sweep.subdir}") if multirun else contextlib.nullcontext():
+            seconds_per_step()  # the test suite's knob set outside it: one line before anything starts
             return task(cfg, run_dir=run_dir)
     except RunError as error:
         reason, exit_code, step = str(error), error.exit_code, getattr(error, "step", None)
