@@ -81,7 +81,8 @@ def test_the_results_layer_loads_neither_torch_nor_hydra():
 def test_the_registry_imports_no_pipeline():
     code = "import sys, horst_sparse.pipeline as p; p.names(); print(sorted(m for m in sys.modules if m.startswith('horst_sparse.')))"
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
-    assert loaded.strip() == "['horst_sparse.pipeline']"
+    # horst_sparse.cpu_mode: the package's own first import (it pins the CPU mode before torch), no pipeline
+    assert loaded.strip() == "['horst_sparse.cpu_mode', 'horst_sparse.pipeline']"
 
 
 def test_unknown_pipelines_are_named_with_the_closest():

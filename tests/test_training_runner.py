@@ -33,6 +33,7 @@ def tiny_run(tmp_path, **changes) -> Run:
             "deterministic": False,
             "compile": False,
             "cpu_threads": None,
+            "reproducible_cpu": False,
             "resume": "auto",
             "resume_override": [],
             "train": {"lr": 0.1, "keep_checkpoints": 2},

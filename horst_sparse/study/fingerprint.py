@@ -28,11 +28,16 @@ from typing import Any
 from horst_sparse.paths import REPO
 
 COMMITTED = REPO / "results" / "fingerprint.json"
-# The runs: each pipeline's smoke preset over its embedded recipe, at the recipe's own thread count.
-RUNS = {
-    "vit": ["train_vit.py", "experiment=smoke_vit", "optimizer=horst"],
-    "gpt2": ["train_gpt2.py", "experiment=smoke_gpt2", "optimizer=horst"],
-}
+
+
+def runs() -> dict[str, list[str]]:
+    """Each registered pipeline's run: its smoke preset (configs/experiment/smoke_<pipeline>.yaml, over its
+    embedded recipe) with HORST, at the recipe's own thread count."""
+    from horst_sparse.pipeline import get, names
+
+    return {name: [get(name).script, f"experiment=smoke_{name}", "optimizer=horst"] for name in names()}
+
+
 COMMON = ["logging.mode=disabled", "resume=never", "train.log_interval=1"]  # every step's loss
 # HORST's fast path on (the GPT-2 recipe's C kernel; the ViT recipes set HORST_FUSED=0 themselves)
 ENVIRONMENT = {"HORST_FUSED": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_WAIT_POLICY": "PASSIVE"}
@@ -59,10 +64,10 @@ def loss_curve(run_dir: Path) -> dict[str, str]:
 
 
 def measure_run(pipeline: str, scratch: Path) -> dict[str, Any]:
-    """Run one of RUNS in a fresh process into `scratch`; its fingerprint and where it ran."""
+    """Run one of `runs()` in a fresh process into `scratch`; its fingerprint and where it ran."""
     from horst_sparse.training.checkpoint import latest_checkpoint
 
-    line = [sys.executable, *RUNS[pipeline], *COMMON, f"hydra.run.dir={scratch}"]
+    line = [sys.executable, *runs()[pipeline], *COMMON, f"hydra.run.dir={scratch}"]
     env = {**os.environ, **ENVIRONMENT}
     env.pop("HORST_CPU_MODE", None)  # the reproducible mode, whatever this shell says
     done = subprocess.run(line, cwd=REPO, env=env, capture_output=True, text=True)
@@ -72,7 +77,7 @@ def measure_run(pipeline: str, scratch: Path) -> dict[str, Any]:
     environment = summary["environment"]
     curve = loss_curve(scratch)
     return {
-        "command": " ".join(["python", *RUNS[pipeline], *COMMON]),
+        "command": " ".join(["python", *runs()[pipeline], *COMMON]),
         "weights_sha256": weights_hash(latest_checkpoint(scratch)),
         "loss_curve_sha256": hashlib.sha256(json.dumps(curve).encode()).hexdigest(),
         "loss_curve": curve,
@@ -85,11 +90,11 @@ def measure_run(pipeline: str, scratch: Path) -> dict[str, Any]:
 
 
 def measure(scratch: Path | None = None) -> dict[str, dict[str, Any]]:
-    """Every run of RUNS, measured one after another, in scratch/<pipeline> (a temporary folder by default)."""
+    """Every run of `runs()`, measured one after another, in scratch/<pipeline> (a temporary folder by default)."""
     if scratch is None:
         with tempfile.TemporaryDirectory(prefix="fingerprint-") as folder:
             return measure(Path(folder))
-    return {pipeline: measure_run(pipeline, scratch / pipeline) for pipeline in RUNS}
+    return {pipeline: measure_run(pipeline, scratch / pipeline) for pipeline in runs()}
 
 
 def differences(committed: dict[str, Any], measured: dict[str, Any]) -> list[str]:

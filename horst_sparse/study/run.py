@@ -31,6 +31,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -733,10 +734,12 @@ def main(argv: Sequence[str] | None = None) -> None:
             check_clean()
         reference = REPO / "results" / "demo"
         out = args.out or (REPO / "outputs" / "demo" if args.demo else None)  # the demo never touches its reference
+        started = time.monotonic()
         status = run_study(study, extra=args.overrides, report_only=args.report_only, out=out, pipelines=args.pipeline)
         if args.demo and out.resolve() != reference.resolve():
             print(f"\nThe demo's report: {out}/README.md")
             status = max(status, compare_with_reference(read_record([out / "runs.csv"]), reference / "runs.csv"))
+            print(f"the demo took {(time.monotonic() - started) / 60:.1f} min here ({os.cpu_count()} CPUs)")
         sys.exit(status)
     except (StudyError, NoRunsError, RunError) as error:  # RunError: the tuning's BudgetError
         sys.exit(f"error: {error}")
