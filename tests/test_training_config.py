@@ -257,3 +257,19 @@ def test_the_planner_names_an_unknown_option_in_one_line():
         timeout=120,
     )
     assert done.returncode != 0 and "did you mean optimizer=horst?" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_tuner_names_an_unknown_option_in_one_line(tmp_path):
+    clone = tmp_path / "clone"  # the tuner refuses a dirty tree before anything else
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+    done = subprocess.run(
+        [sys.executable, "scripts/tune.py", "vit", "adamw", "--trials", "2", "--dry-run", "hydra/launcher=jobli"],
+        cwd=clone,
+        env={**_subprocess_env(), "PYTHONPATH": str(clone)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("error: hydra/launcher=jobli: ") and "did you mean hydra/launcher=joblib?" in line

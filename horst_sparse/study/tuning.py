@@ -309,6 +309,10 @@ def prepare(
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     registered.register_configs()
+    from horst_sparse.training.presets import misspelt_key, unknown_option
+
+    if problem := misspelt_key(pipeline, list(overrides)) or unknown_option(list(overrides)):
+        raise TuningError(problem)
     arguments = [f"+hparams_search={pipeline}_{arm}", *overrides]
     parsed = OverridesParser.create().parse_overrides(
         list(overrides)
