@@ -279,6 +279,7 @@ def deit_overrides(root: Path, *extra: str) -> list[str]:
         "data.minival_size=6",
         "data.num_workers=1",
         "device=cpu",
+        "cpu_threads=1",  # the reproducible CPU mode's fixed thread count (the recipe, a GPU one, keeps torch's)
         "train.batch_size=8",
         "train.base_batch_size=8",
         "train.warmup_epochs=1",
