@@ -60,7 +60,7 @@ def timed(line: list[str], mode: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--gpt2-steps", type=int, default=150)
+    parser.add_argument("--gpt2-steps", type=int, default=60)
     args = parser.parse_args()
     from horst_sparse.training.run_log import cpu_model, git_commit
 
