@@ -65,7 +65,7 @@ def compose(
     pipeline: Pipeline, overrides: Sequence[str] = (), *, config_dir: Path = CONFIGS, hydra_node: bool = False
 ) -> Any:
     """The pipeline's config (a DictConfig) as `python <its script> <overrides>` composes it."""
-    pipeline.register_configs()
+    pipeline.configs.register()
     with hydra_context(config_dir):
         return compose_in_context(pipeline, overrides, hydra_node=hydra_node)
 
@@ -118,7 +118,7 @@ def expand(
             raise ComposeError(f"{override.input_line}: Hydra does not sweep over its own configuration")
     hydra_overrides = [o.input_line for o in parsed if o.is_hydra_override()]
     task_overrides = [o.input_line for o in parsed if not o.is_hydra_override()]
-    pipeline.register_configs()
+    pipeline.configs.register()
     with hydra_context(config_dir, job_name="plan"):
         base = compose_in_context(pipeline, [o.input_line for o in parsed if not o.is_sweep_override()])
         sweeper = base.hydra.sweeper

@@ -1,9 +1,9 @@
 """A pipeline as one object, and the one registry that looks it up by name.
 
 Each pipeline package declares one `Pipeline` (`horst_sparse.vit.pipeline.PIPELINE`,
-`horst_sparse.gpt2.pipeline.PIPELINE`): its name (the `pipeline:` key of its configs), its primary
-config and entry point, its task, its config schemas and start-up checks, the score its tunings
-maximise or minimise, and its export. Code that serves every pipeline (planning, tuning, the
+`horst_sparse.gpt2.pipeline.PIPELINE`): its name (the `pipeline:` key of its configs; its config
+files and entry point follow from it), its task, its config schemas, its start-up checks, the
+numbers its runs record, the score its tunings maximise or minimise, and its export. Code that serves every pipeline (planning, tuning, the
 study, the SLURM launcher, the exports) takes the pipeline from a config's `pipeline` key and
 asks the registry for it; it never names one.
 
@@ -39,27 +39,72 @@ class TuningScore:
 
 
 @dataclass(frozen=True)
+class Configs:
+    """A pipeline's configs as code sees them: `register()` stores its schemas in Hydra's ConfigStore
+    (the values are in YAML); `lr_key` is the key of its learning rate (`train.base_lr`), the setting
+    a non-finite loss or a misplaced `optimizer.lr` is pointed to."""
+
+    register: Callable[[], None]
+    lr_key: str
+
+
+@dataclass(frozen=True)
+class Checks:
+    """What a run checks before it starts, a ConfigError each: `config(cfg, world_size=...)` the values,
+    `data(cfg)` that the data exist where the config says (generated data: nothing to check). The
+    planner makes both before anything is submitted."""
+
+    config: Callable[..., None]
+    data: Callable[[Any], None] = lambda cfg: None
+
+
+@dataclass(frozen=True)
+class Export:
+    """`run(run_folder, out, **options) -> facts` writes a finished run in `format` (`--to` of the
+    export command: hf, timm)."""
+
+    run: Callable[..., dict]
+    format: str
+
+
+@dataclass(frozen=True)
 class Pipeline:
-    name: str  # the `pipeline:` key of its primary config and presets; its folder under configs/tuned/
-    config_name: str  # its primary config in configs/ (`train_vit`)
-    script: str  # its entry point beside configs/ (`train_vit.py`)
+    """One pipeline, one concern a field. The rest follows from `name` by one convention: the
+    primary config `configs/train_<name>.yaml` with the entry point `train_<name>.py` beside
+    configs/, the recipe group `<name>_recipe` (whose choice picks its tuned values in
+    `configs/tuned/<name>/`), and the schemas `schema_<name>_run` and `model/schema_<name>` in
+    Hydra's ConfigStore."""
+
+    name: str  # the `pipeline:` key of its primary config and of every preset that is its own
     run: Callable[..., dict]  # run(cfg, *, run_dir) -> summary: the task
-    register_configs: Callable[[], None]  # stores its schemas in Hydra's ConfigStore
-    validate: Callable[..., None]  # validate(cfg, *, world_size): the start-up checks, a ConfigError each
-    check_data: Callable[[Any], None]  # check_data(cfg): the data exist where the config says
+    configs: Configs
+    checks: Checks
     # numbers(config, summary) -> the run's results as tidy rows (metric, method, pattern, sparsity,
     # value), written into summary.json, and with summary None (value None) into a failed run's
     # failed.json: the results layer reads them without knowing the pipeline
     numbers: Callable[[Mapping[str, Any], Mapping[str, Any] | None], list[dict[str, Any]]]
     tuning: TuningScore
-    export: Callable[..., dict] | None  # export(run_folder, out, **options) -> facts; None: no export
-    export_format: str | None  # `--to` of the export command (hf, timm)
-    recipe_group: (
-        str  # its config group of recipes (`vit_recipe`), which picks its tuned values (configs/tuned/<name>/)
-    )
-    run_schema: str  # the name of its run config's schema in Hydra's ConfigStore (`schema_vit_run`)
-    model_schema: str  # its model schema's (`model/schema_vit`)
-    lr_key: str  # the config key of its learning rate (`train.base_lr`)
+    export: Export | None = None
+
+    @property
+    def config_name(self) -> str:
+        return f"train_{self.name}"
+
+    @property
+    def script(self) -> str:
+        return f"train_{self.name}.py"
+
+    @property
+    def recipe_group(self) -> str:
+        return f"{self.name}_recipe"
+
+    @property
+    def run_schema(self) -> str:
+        return f"schema_{self.name}_run"
+
+    @property
+    def model_schema(self) -> str:
+        return f"model/schema_{self.name}"
 
 
 _ADDED: dict[str, Pipeline] = {}

@@ -129,7 +129,7 @@ def register_schemas(pipeline: str) -> None:
     process, as its entry point (train_gpt2.py, train_vit.py) registers them on import."""
     from horst_sparse.pipeline import get
 
-    get(pipeline).register_configs()
+    get(pipeline).configs.register()
 
 
 def _subprocess_env() -> dict[str, str]:

@@ -32,7 +32,7 @@ OPTIMIZERS = sorted(p.stem for p in (CONFIGS / "optimizer").glob("*.yaml"))
 
 def tuned_train_keys(pipeline: str) -> tuple[str, str]:
     """The train.* keys each optimizer's tuned file feeds: the learning rate and the warm-up."""
-    return PIPELINES[pipeline].lr_key.removeprefix("train."), WARMUP_KEYS[pipeline]
+    return PIPELINES[pipeline].configs.lr_key.removeprefix("train."), WARMUP_KEYS[pipeline]
 
 
 def recipes(pipeline: str) -> list[str]:

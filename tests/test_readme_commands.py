@@ -77,7 +77,7 @@ def test_entry_point_command_composes_and_passes_the_checks(command):
         config = cell.config.copy()
         with open_dict(config):
             del config["hydra"]
-        pipeline.validate(config, world_size=processes)
+        pipeline.checks.config(config, world_size=processes)
 
 
 @pytest.mark.parametrize("command", SCRIPTS)

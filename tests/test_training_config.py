@@ -225,7 +225,7 @@ def test_the_resume_override_example_in_each_primary_config_is_a_key_it_has(pipe
     primary = (CONFIGS / f"{get(pipeline).config_name}.yaml").read_text()
     (line,) = [line for line in primary.splitlines() if line.startswith("resume_override:")]
     example = re.search(r"e\.g\. \[([^\]]+)\]", line).group(1)
-    assert get(pipeline).lr_key in example.split(",")
+    assert get(pipeline).configs.lr_key in example.split(",")
     cfg = compose(get(pipeline), [f"resume_override=[{example}]"])
     check_resume_override(cfg)
 

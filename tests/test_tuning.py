@@ -244,7 +244,7 @@ def test_every_search_space_reaches_its_arm(name):
     planned = tuning.prepare(pipeline, optimizer, trials=4)
     leaves = {key.rsplit(".", 1)[1] for key in planned.space}
     shared = {
-        get(pipeline).lr_key.rsplit(".", 1)[1],
+        get(pipeline).configs.lr_key.rsplit(".", 1)[1],
         "weight_decay",
         f"warmup_{'epochs' if pipeline == 'vit' else 'steps'}",
     }

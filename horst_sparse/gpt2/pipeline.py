@@ -10,7 +10,7 @@ from horst_sparse.gpt2 import export
 from horst_sparse.gpt2.config import register_configs, validate
 from horst_sparse.gpt2.data import PREPARE_SLIMPAJAMA, load_split
 from horst_sparse.gpt2.run import run
-from horst_sparse.pipeline import Pipeline, TuningScore
+from horst_sparse.pipeline import Checks, Configs, Export, Pipeline, TuningScore
 from horst_sparse.training.config import ConfigError
 
 # The tuning score's rows: unstructured magnitude pruning at these sparsities, the model as it is used.
@@ -67,22 +67,14 @@ def pruned_perplexity(summary: Mapping[str, Any]) -> float:
 
 PIPELINE = Pipeline(
     name="gpt2",
-    config_name="train_gpt2",
-    script="train_gpt2.py",
     run=run,
-    register_configs=register_configs,
-    validate=validate,
-    check_data=check_data,
+    configs=Configs(register_configs, lr_key="train.lr"),
+    checks=Checks(config=validate, data=check_data),
     numbers=numbers,
     tuning=TuningScore(
         "geometric-mean validation perplexity after one-shot magnitude pruning at 50-90 %",
         "minimize",
         pruned_perplexity,
     ),
-    export=export.export_run,
-    export_format="hf",
-    recipe_group="gpt2_recipe",
-    run_schema="schema_gpt2_run",
-    model_schema="model/schema_gpt2",
-    lr_key="train.lr",
+    export=Export(export.export_run, format="hf"),
 )

@@ -15,7 +15,6 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 import pruning
-from horst_sparse.gpt2.config import validate
 from horst_sparse.gpt2.data import RandomWindows, check_run_vocabulary, load_data
 from horst_sparse.gpt2.evaluate import evaluate_lm, one_shot_pruning, perplexity_table
 from horst_sparse.gpt2.export import export_gpt2
@@ -46,8 +45,6 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
     r = Run(
         cfg,
         run_dir,
-        validate=validate,
-        pipeline="gpt2",
         title=f"{cfg.model.name} {optimizer_label(cfg.optimizer)} seed{cfg.seed}",
         tags=[cfg.optimizer.name, cfg.model.name, f"{cfg.data.name}"],
     )

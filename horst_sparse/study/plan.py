@@ -101,9 +101,9 @@ def check(pipeline: Pipeline, cells: list[Cell], *, data: bool = True) -> list[s
     for num, cell in enumerate(cells):
         try:
             config = job_config(cell)
-            pipeline.validate(config, world_size=world_size(cell.config))
+            pipeline.checks.config(config, world_size=world_size(cell.config))
             if data:
-                pipeline.check_data(config)
+                pipeline.checks.data(config)
         except RunError as error:
             problems.setdefault(str(error), []).append(num)
     lines = []
@@ -363,7 +363,7 @@ def plan(
         pipeline = by_script(str(script))
     except UnknownPipeline as error:
         raise PlanError(str(error)) from None
-    pipeline.register_configs()
+    pipeline.configs.register()
     problem = misspelt_key(pipeline.name, overrides) or unknown_option(list(overrides))
     if problem:
         raise PlanError(problem)

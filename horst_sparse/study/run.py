@@ -196,7 +196,7 @@ def study_jobs(presets: Sequence[str], extra: Sequence[str] = (), *, configs: Pa
     jobs = []
     for preset in presets:
         pipeline = pipeline_of(preset, configs)
-        pipeline.register_configs()
+        pipeline.configs.register()
         params = _params(preset, extra, configs)
         rest = [o for o in extra if _key(o) not in {_key(k) for k in params}]
         by_cell: dict[tuple[str, ...], list[int]] = defaultdict(list)

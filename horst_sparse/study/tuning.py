@@ -308,7 +308,7 @@ def prepare(
         raise TuningError(f"--trials {trials}: a tuning needs at least one trial")
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    registered.register_configs()
+    registered.configs.register()
     from horst_sparse.training.presets import misspelt_key, unknown_option
 
     if problem := misspelt_key(pipeline, list(overrides)) or unknown_option(list(overrides)):
@@ -418,7 +418,7 @@ def run_trials(plan: Tuning, config_dir: Path = CONFIGS) -> Path:
     import hydra
 
     registered = get_pipeline(plan.pipeline)
-    registered.register_configs()
+    registered.configs.register()
     main = hydra.main(config_path=str(config_dir), config_name=registered.config_name, version_base=VERSION_BASE)(trial)
     sweep_dir = Path(next(a.split("=", 1)[1] for a in plan.arguments if a.startswith("hydra.sweep.dir=")))
     argv = sys.argv

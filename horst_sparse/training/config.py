@@ -114,11 +114,11 @@ LR_LIKE = re.compile(r"(^|_)lr|learning_?rate", re.IGNORECASE)  # lr, lr_, lrr, 
 
 
 def pipeline_lr_key(cfg: Mapping[str, Any]) -> str | None:
-    """The config key of the learning rate of the pipeline `cfg` belongs to (`Pipeline.lr_key`)."""
+    """The config key of the learning rate of the pipeline `cfg` belongs to (`Pipeline.configs.lr_key`)."""
     from horst_sparse.pipeline import UnknownPipeline, of
 
     try:
-        return of(cfg).lr_key
+        return of(cfg).configs.lr_key
     except UnknownPipeline:
         return None
 

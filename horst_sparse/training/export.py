@@ -75,9 +75,9 @@ def export_run(run_dir: str | Path, out: str | Path, *, to: str, force: bool = F
         raise RunError(f"{run_dir}: {error}") from None
     if pipeline.export is None:
         raise RunError(f"{run_dir} is a {pipeline.name} run, and that pipeline has no export")
-    if to != pipeline.export_format:
-        raise RunError(f"{run_dir} is a {pipeline.name} run: export it with --to {pipeline.export_format}")
-    return pipeline.export(run, out, **options)
+    if to != pipeline.export.format:
+        raise RunError(f"{run_dir} is a {pipeline.name} run: export it with --to {pipeline.export.format}")
+    return pipeline.export.run(run, out, **options)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from horst_sparse.pipeline import every
 
-    formats = {p.export_format: p.name for p in every() if p.export_format}
+    formats = {p.export.format: p.name for p in every() if p.export}
     parser = argparse.ArgumentParser(
         prog="horst-export",
         description=(main.__doc__ or "").split("\n\n")[0],

@@ -219,21 +219,19 @@ class Run:
         cfg: DictConfig,
         run_dir: str | Path,
         *,
-        validate: Callable[..., None],
-        pipeline: str,
         title: str,
         tags: Iterable[str] = (),
         epoch_metrics: tuple[str, ...] = (),
-        lr_key: str = "train.lr",
     ) -> None:
-        """`pipeline` is W&B's job type, `title` the run's short name (unless `logging.name`
-        sets one), `tags` its W&B tags besides `logging.tags`; `epoch_metrics` are charted
-        against the epoch; `lr_key` is the setting a non-finite loss asks to lower."""
+        """The pipeline is the one `cfg` names (its `pipeline` key): its checks run first, its name is
+        W&B's job type, and its `lr_key` is the setting a non-finite loss asks to lower. `title` is
+        the run's short name (unless `logging.name` sets one), `tags` its W&B tags besides
+        `logging.tags`; `epoch_metrics` are charted against the epoch."""
         self.started = time.time()
-        self.lr_key = lr_key
-        self.pipeline, self.title, self.tags, self.epoch_metrics = pipeline, title, list(tags), epoch_metrics
+        self.pipeline = pipeline_of(cfg)
+        self.title, self.tags, self.epoch_metrics = title, list(tags), epoch_metrics
         self.dist = init_distributed(device_type(cfg.device))
-        validate(cfg, world_size=self.dist.world_size)
+        self.pipeline.checks.config(cfg, world_size=self.dist.world_size)
         self.cfg = cfg
         self.config = OmegaConf.to_container(cfg, resolve=True)
         self.device = select_device(cfg.device, local_rank=self.dist.local_rank)
@@ -347,7 +345,7 @@ class Run:
             name=logging.name or self.title,
             group=logging.group or _sweep,
             tags=[*self.tags, *logging.tags],
-            job_type=self.pipeline,
+            job_type=self.pipeline.name,
             epoch_metrics=self.epoch_metrics,
             mode=logging.mode,
             resume_step=state["step"] if state else None,
@@ -402,7 +400,9 @@ class Run:
         """Stop (`NonFiniteLossError`) if a watched loss was not finite. One host sync."""
         bad_step = int(self._bad_step.item())
         if bad_step >= 0:
-            self.check_finite(self._bad_loss.item(), step=bad_step, hint=f"{self.lr_key} (or optimizer.alpha)")
+            self.check_finite(
+                self._bad_loss.item(), step=bad_step, hint=f"{self.pipeline.configs.lr_key} (or optimizer.alpha)"
+            )
 
     def check_finite(self, loss: float, *, step: int, hint: str) -> None:
         """Stop if `loss` (of `step`, the one all processes agree on) is NaN or inf.
@@ -464,7 +464,7 @@ class Run:
         returns the summary. It records horst's fast paths that fell back to a slower one
         (`fast_path_fallbacks`), and a run that had any ends with a line that says so."""
         self.preemption.close()
-        numbers = pipeline_of(self.config).numbers(self.config, summary)
+        numbers = self.pipeline.numbers(self.config, summary)
         fallbacks = _fast_path_fallbacks()
         data = self.log.summary(
             {

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from horst_sparse.pipeline import Pipeline, TuningScore
+from horst_sparse.pipeline import Checks, Configs, Export, Pipeline, TuningScore
 from horst_sparse.vit import export
 from horst_sparse.vit.config import check_prunable_set, register_configs, validate
 from horst_sparse.vit.data import check_imagefolder_root
@@ -44,18 +44,10 @@ def validation_top1(summary: Mapping[str, Any]) -> float:
 
 PIPELINE = Pipeline(
     name="vit",
-    config_name="train_vit",
-    script="train_vit.py",
     run=run,
-    register_configs=register_configs,
-    validate=check,
-    check_data=check_data,
+    configs=Configs(register_configs, lr_key="train.base_lr"),
+    checks=Checks(config=check, data=check_data),
     numbers=numbers,
     tuning=TuningScore("validation top-1 of the final sparse model", "maximize", validation_top1),
-    export=export.export_run,
-    export_format="timm",
-    recipe_group="vit_recipe",
-    run_schema="schema_vit_run",
-    model_schema="model/schema_vit",
-    lr_key="train.base_lr",
+    export=Export(export.export_run, format="timm"),
 )

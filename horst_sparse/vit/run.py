@@ -30,7 +30,7 @@ from horst_sparse.training.optim import build_optimizer
 from horst_sparse.training.run_log import RunLogger, optimizer_label, progress_bar
 from horst_sparse.training.runner import Run
 from horst_sparse.training.schedule import build_lr_scheduler
-from horst_sparse.vit.config import acdc_schedule, prunable_set, scaled_lr, validate
+from horst_sparse.vit.config import acdc_schedule, prunable_set, scaled_lr
 from horst_sparse.vit.data import (
     ImageData,
     TrainLoader,
@@ -158,9 +158,6 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
     r = Run(
         cfg,
         run_dir,
-        validate=validate,
-        pipeline="vit",
-        lr_key="train.base_lr",
         title=f"{cfg.model.name} {optimizer_label(cfg.optimizer)} s{cfg.acdc.sparsity:g} seed{cfg.seed}",
         tags=[cfg.optimizer.name, cfg.model.name, f"sparsity={cfg.acdc.sparsity:g}", cfg.data.name],
         epoch_metrics=("val/*", "sparsity/*", "train/epoch_loss"),

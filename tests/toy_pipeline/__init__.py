@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from horst_sparse.pipeline import Pipeline, TuningScore
+from horst_sparse.pipeline import Checks, Configs, Pipeline, TuningScore
 from horst_sparse.training.config import RunConfig, check_known_keys, require, validate_run
 from horst_sparse.training.optim import build_optimizer, check_optimizer
 from horst_sparse.training.presets import register_help
@@ -106,15 +106,7 @@ def blobs(d: Any) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
 
 
 def run(cfg: Any, *, run_dir: str | Path) -> dict:
-    r = Run(
-        cfg,
-        run_dir,
-        validate=validate,
-        pipeline="toy",
-        title=f"toy {cfg.optimizer.name} seed{cfg.seed}",
-        tags=[cfg.optimizer.name],
-        lr_key="train.lr",
-    )
+    r = Run(cfg, run_dir, title=f"toy {cfg.optimizer.name} seed{cfg.seed}", tags=[cfg.optimizer.name])
     t, data = cfg.train, {k: (x.to(r.device), y.to(r.device)) for k, (x, y) in blobs(cfg.data).items()}
     model = torch.nn.Linear(cfg.data.features, cfg.data.classes, bias=cfg.model.bias).to(r.device)
     optimizer = build_optimizer(cfg.optimizer, model, lr=t.lr, prunable_names=["weight"])
@@ -166,18 +158,9 @@ def numbers(config: Mapping[str, Any], summary: Mapping[str, Any] | None) -> lis
 
 PIPELINE = Pipeline(
     name="toy",
-    config_name="train_toy",
-    script="train_toy.py",
     run=run,
-    register_configs=register_configs,
-    validate=validate,
-    check_data=lambda cfg: None,  # generated
+    configs=Configs(register_configs, lr_key="train.lr"),
+    checks=Checks(config=validate),  # the data are generated
     numbers=numbers,
     tuning=TuningScore("validation accuracy of the linear classifier", "maximize", lambda summary: summary["top1"]),
-    export=None,
-    export_format=None,
-    recipe_group="toy_recipe",
-    run_schema="schema_toy_run",
-    model_schema="model/schema_toy",
-    lr_key="train.lr",
 )
