@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -137,3 +138,117 @@ def expand(
                 config.hydra.job.id = f"plan_{num}"
             composed.append((job, config))
     return base, composed
+
+
+COMMAND_LINE = "the command line"
+_INTERPOLATION = re.compile(r"\$\{([^${}]+)\}")  # an innermost ${...}
+
+
+def where_from(pipeline: Pipeline, overrides: Sequence[str] = (), *, config_dir: Path = CONFIGS) -> list[tuple]:
+    """Every value of the pipeline's config with `overrides`, and where it comes from: rows
+    (key, value, source, via). `source` is the file under configs/ that set the value last in the
+    defaults list's order (Hydra's merge order), or the command line; a value that interpolates
+    another key (`${tuned.${tuned_as}.base_lr}`) takes the source of the key it resolves to, and
+    `via` names the file and the interpolation that sent it there ('' for a plain value)."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    pipeline.configs.register()
+    with hydra_context(config_dir):
+        composed = compose_in_context(pipeline, overrides, hydra_node=False)
+        loader = GlobalHydra.instance().config_loader()
+        defaults = loader.compute_defaults_list(pipeline.config_name, list(overrides), RunMode.RUN)
+        set_by: dict[str, str] = {}
+        for default in defaults.defaults:
+            if default.config_path.startswith("hydra/") or default.package.startswith("hydra"):
+                continue
+            loaded = loader.repository.load_config(default.config_path)
+            node = OmegaConf.to_container(loaded.config, resolve=False)
+            node.pop("defaults", None)
+            node.pop("hydra", None)
+            prefix = f"{default.package}." if default.package else ""
+            source = f"the schema {default.config_path}" if loaded.is_schema_source else f"{default.config_path}.yaml"
+            for key in _leaves(node):
+                if _raw(node, key) != "???":  # a schema's MISSING: a file must give the value
+                    set_by[prefix + key] = source
+        for override in OverridesParser.create().parse_overrides(list(overrides)):
+            key = override.key_or_group
+            if not override.is_hydra_override() and not loader.repository.group_exists(key):  # a value, not an option
+                for leaf in [k for k in set_by if k == key or k.startswith(key + ".")] or [key]:
+                    set_by[leaf] = COMMAND_LINE
+    raw = OmegaConf.to_container(composed, resolve=False)
+    rows = []
+    for key in _leaves(raw):
+        value = OmegaConf.select(composed, key, throw_on_resolution_failure=False)
+        at, text, via = key, _raw(raw, key), ""
+        while isinstance(text, str) and "${" in text:  # follow the interpolation to the key it copies
+            via = via or f"{set_by.get(key, '?')}: {text}"
+            target = _reference(composed, text, at=at)
+            if target is None or target == at:  # a resolver's result, not another key's value
+                at = None
+                break
+            at, text = target, _raw(raw, target)
+        rows.append((key, value, "computed" if at is None else _set_by(set_by, at), via))
+    return rows
+
+
+def _set_by(set_by: dict[str, str], key: str) -> str:
+    """Where `key` was set last; for a whole section (`${.adamw}` copies one), where its values were."""
+    if key in set_by:
+        return set_by[key]
+    return " and ".join(sorted({source for k, source in set_by.items() if k.startswith(key + ".")})) or "?"
+
+
+def _leaves(node: Any, prefix: str = "") -> Iterator[str]:
+    """The dotted keys of a nested dict's values (a list is one value)."""
+    for key, value in node.items():
+        if isinstance(value, dict) and value:
+            yield from _leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}"
+
+
+def _raw(raw: Any, key: str) -> Any:
+    for part in key.split("."):
+        raw = raw.get(part) if isinstance(raw, dict) else None
+    return raw
+
+
+def _reference(composed: Any, text: str, *, at: str) -> str | None:
+    """The absolute key that the interpolation `text` of the key `at` copies, once its inner
+    interpolations are resolved; None for a resolver's call or a value built around interpolations."""
+    from omegaconf import OmegaConf
+
+    while True:
+        inner = list(_INTERPOLATION.finditer(text))
+        if not inner or ":" in inner[0].group(1):
+            return None
+        key = _absolute(inner[0].group(1), at)
+        if len(inner) == 1 and inner[0].span() == (0, len(text)):
+            return key
+        value = OmegaConf.select(composed, key, throw_on_resolution_failure=False)
+        text = text[: inner[0].start()] + str(value) + text[inner[0].end() :]
+
+
+def _absolute(reference: str, at: str) -> str:
+    """`${.x}` is a sibling of the key `at`, `${..x}` its parent's sibling (OmegaConf's relative keys)."""
+    dots = len(reference) - len(reference.lstrip("."))
+    if not dots:
+        return reference
+    parent = at.split(".")[:-dots]
+    return ".".join([*parent, reference[dots:]])
+
+
+def where_from_text(rows: list[tuple]) -> str:
+    """The rows of `where_from` as aligned lines: key, value, source (and the interpolation that led there)."""
+    width = max(len(key) for key, *_ in rows)
+    shown = [
+        (key, repr(value) if isinstance(value, str) else str(value), source, via) for key, value, source, via in rows
+    ]
+    value_width = min(30, max(len(v) for _, v, _, _ in shown))
+    return "\n".join(
+        f"{key:<{width}}  {value:<{value_width}}  {source}" + (f"  (via {via})" if via else "")
+        for key, value, source, via in shown
+    )

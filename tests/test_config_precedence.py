@@ -202,3 +202,56 @@ def test_the_command_line_and_the_tuned_node_override_as_documented():
     assert _compose(CONFIGS, "vit", ["tuned.horst.alpha=7.0"]).optimizer.alpha == 7.0
     ham = _compose(CONFIGS, "gpt2", ["optimizer=ham", "tuned.horst.alpha=7.0"])
     assert ham.optimizer.alpha == ham.tuned.ham.alpha != 7.0
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_the_where_from_printer_names_each_values_owner(pipeline):
+    """`horst-sparse config` (horst_sparse.compose.where_from) gives each optimizer and schedule value
+    the file this table says it comes from; an experiment's own values are the experiment's, the
+    command line's are the command line's, and a value copied by interpolation names the key's file."""
+    from horst_sparse.compose import COMMAND_LINE, where_from
+
+    for recipe, optimizer in itertools.product(recipes(pipeline), TUNED_OPTIMIZERS):
+        rows = where_from(
+            PIPELINES[pipeline], [f"{PIPELINES[pipeline].recipe_group}={recipe}", f"optimizer={optimizer}"]
+        )
+        source = {key: file for key, _, file, _ in rows}
+        keys = [f"train.{k}" for k in tuned_train_keys(pipeline)] + [
+            f"optimizer.{k}" for k in RECIPE_DEPENDENT if f"optimizer.{k}" in source
+        ]
+        for key in keys:
+            assert source[key] == owner(pipeline, recipe, optimizer, key), f"{pipeline} {recipe} {optimizer}: {key}"
+    experiment, (_, recipe) = next((e, r) for e, r in experiments().items() if r[0] == pipeline)
+    lr = PIPELINES[pipeline].configs.lr_key
+    rows = {key: row for key, *row in where_from(PIPELINES[pipeline], [f"experiment={experiment}", f"{lr}=0.5"])}
+    for key in experiment_values(experiment):
+        if key != lr:
+            assert rows[key][1] == f"experiment/{experiment}.yaml", key
+    assert rows[lr][:2] == [0.5, COMMAND_LINE]
+
+
+def test_horst_sparse_config_prints_the_source_of_the_keys_asked_for():
+    """The README's `horst-sparse config` line, as written, and a wrong option's one line."""
+    import re
+    import shlex
+    import subprocess
+    import sys
+
+    readme = (CONFIGS.parent / "README.md").read_text()
+    command = shlex.split(re.search(r"`(horst-sparse config [^`]+)`", readme).group(1))
+    shown = subprocess.run([sys.executable, "-m", "horst_sparse.cli", *command[1:]], capture_output=True, text=True)
+    assert shown.returncode == 0, shown.stderr
+    lines = dict(line.split(None, 1) for line in shown.stdout.splitlines())
+    assert command[1:] == ["config", "gpt2", "optimizer=horst", "train.lr", "optimizer.alpha"]
+    assert set(lines) == {"optimizer.alpha", "train.lr"}
+    assert lines["train.lr"].endswith(
+        "tuned/gpt2/pydoc/horst.yaml  (via gpt2_recipe/pydoc.yaml: ${tuned.${tuned_as}.lr})"
+    )
+    assert (
+        "tuned/gpt2/pydoc/horst.yaml  (via optimizer/horst.yaml: ${tuned.${tuned_as}.alpha})"
+        in lines["optimizer.alpha"]
+    )
+    wrong = subprocess.run(
+        [sys.executable, "-m", "horst_sparse.cli", "config", "vit", "optimizer=horts"], capture_output=True, text=True
+    )
+    assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1 and "optimizer=horst" in wrong.stderr
