@@ -28,8 +28,8 @@ import torch
 import pruning
 
 GPT2_SMALL_BLOCK = [(768, 2304), (768, 768), (768, 3072), (3072, 768)]
-# Targets (ISSUES.md, issue 3) in seconds, set when the sort reference took ~7 s on the
-# project's 2-core machine; on a busier machine compare ratios: target / 7 s.
+# Targets in seconds, set when the sort reference took ~7 s on the project's 2-core machine;
+# on a busier machine compare ratios: target / 7 s.
 TARGETS = {"layerwise": 0.6, "global": 1.5}
 CALIBRATION_SORT_SECONDS = 7.0
 

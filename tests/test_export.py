@@ -103,7 +103,7 @@ def test_script_refuses_the_wrong_format_and_a_missing_sparsity_in_one_line(gpt2
 
 
 def test_export_refuses_a_folder_that_holds_files_unless_forced(gpt2_run, tmp_path, capsys):
-    """Before, an existing export was written over without a word."""
+    """An export never writes over files silently: a folder that holds files needs --force."""
     import subprocess
     import sys
 

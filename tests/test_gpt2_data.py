@@ -286,7 +286,7 @@ def _killed_writer(folder: Path) -> int:
 
 
 def test_a_rerun_of_prepare_slimpajama_removes_the_temporary_files_of_killed_writers(tmp_path, capsys):
-    """Before, each kill left a split-sized `train.bin.<pid>.tmp` for good (a rerun writes under its own pid)."""
+    """A killed writer's split-sized `train.bin.<pid>.tmp` is removed by the next run (which writes under its own pid)."""
     import os
 
     _slimpajama_like(tmp_path / "src")

@@ -485,8 +485,8 @@ def _stepped(make, params):
 
 
 def test_load_state_dict_keeps_this_optimizers_implementation_flags():
-    """An AdamW(foreach=True) checkpoint loads into HORST and steps (its foreach=True used to
-    make the first step raise, telling the user to change a value from the checkpoint)."""
+    """An AdamW(foreach=True) checkpoint loads into HORST and steps: the checkpoint's foreach=True
+    does not replace this optimizer's own implementation flags."""
     saved = _stepped(lambda ps: torch.optim.AdamW(ps, foreach=True, fused=None), make_params()).state_dict()
     params = make_params()
     optimizer = horst.HORST(params, fused=False)
@@ -510,9 +510,9 @@ def test_load_state_dict_keeps_this_optimizers_implementation_flags():
 
 @pytest.mark.parametrize("cls", [horst.HORST, horst.HAM, horst.HORSTLion, horst.HORSTSGD])
 def test_load_state_dict_checks_every_state_tensor_before_any_change(cls):
-    """A state dict saved with the parameters in another order (same group sizes) used to
-    broadcast a (5,) state onto a (6, 5) parameter, update it and count the step before failing
-    with a message naming no parameter."""
+    """A state dict saved with the parameters in another order (same group sizes) is refused,
+    naming the parameter, before any state is broadcast onto a parameter of another shape, updated
+    or counted."""
     kwargs = {"momentum": 0.9} if cls is horst.HORSTSGD else {}
     make = lambda ps: cls(ps, fused=False, **kwargs)  # noqa: E731
     saved = _stepped(make, make_params()).state_dict()
@@ -553,8 +553,8 @@ class StepOnAnAccelerator(torch.Tensor):
 @pytest.mark.parametrize("fused", [False, True], ids=["plain", "C-kernel"])
 def test_step_loaded_on_an_accelerator_is_read_once_not_at_every_step(cls, fused):
     """A state dict whose steps are on an accelerator (a fused AdamW checkpoint, or torch's
-    load_state_dict moving them for a group saved with fused=True) used to be read on the host,
-    a device sync, once per parameter per step; it is now moved to the CPU once, at load."""
+    load_state_dict moving them for a group saved with fused=True) is moved to the CPU once, at
+    load, not read on the host (a device sync) once per parameter per step."""
     saved = _stepped(lambda ps: cls(ps, fused=fused), make_params()).state_dict()
     for state in saved["state"].values():
         state["step"] = state["step"].as_subclass(StepOnAnAccelerator)

@@ -147,8 +147,8 @@ def test_errors_for_base_hyperparameters(cls):
 @pytest.mark.parametrize("fused", PATHS)
 @pytest.mark.parametrize("cls", OPTIMIZERS)
 def test_errors_sparse_grad_before_any_change(cls, fused):
-    """A sparse gradient is refused before any parameter or state changes (it used to be found
-    only after the parameters before it had been updated)."""
+    """A sparse gradient is refused before any parameter or state changes, the parameters before
+    it included."""
     dense, sparse = Parameter(torch.randn(3, 2)), Parameter(torch.randn(3, 2))
     optimizer = cls([{"params": [dense]}, {"params": [sparse]}], fused=fused)
     dense.grad = torch.randn(3, 2)
@@ -473,7 +473,7 @@ def test_deepcopy_copies_all_public_attrs(cls):
 @pytest.mark.parametrize("fused", PATHS)
 @pytest.mark.parametrize("cls", OPTIMIZERS)
 def test_deepcopy_then_step(cls, fused):
-    """``copy.deepcopy(optimizer)`` (and pickling) used to lose ``self.fast``: step() raised."""
+    """``copy.deepcopy(optimizer)`` (and pickling) keeps ``self.fast``: the copy steps."""
     optimizer, weight, bias, input_ = _prime(cls, SMALL_STEP.get(cls, {}), fused)
     copied_optimizer, copied_weight, copied_bias = copy.deepcopy((optimizer, weight, bias))
     _parallel_steps([(optimizer, weight, bias, input_), (copied_optimizer, copied_weight, copied_bias, input_)])
@@ -490,7 +490,7 @@ def test_pickle_then_step(cls, fused):
 @pytest.mark.parametrize("cls", [horst.HORST, horst.HAM])
 def test_adamw_state_dict_round_trip(cls):
     """AdamW -> HORST/HAM -> AdamW: the state is exactly AdamW's, the mirror keys are filled in
-    from the defaults (an AdamW checkpoint used to raise ``KeyError: 'hyperbolic'``)."""
+    from the defaults (an AdamW checkpoint has no ``hyperbolic`` key)."""
     adamw, weight, bias, input_ = _prime(torch.optim.AdamW, {}, None)
     clone = _clone_with(cls, {"alpha": 5.0}, False, weight, bias, input_, copy.deepcopy(adamw.state_dict()))
     assert clone[0].param_groups[0]["alpha"] == 5.0 and clone[0].param_groups[0]["hyperbolic"] is None

@@ -1,4 +1,4 @@
-"""Issue 30's acceptance test: a third pipeline (tests/toy_pipeline, a linear classifier on Gaussian
+"""A third pipeline (tests/toy_pipeline, a linear classifier on Gaussian
 blobs) is planned, tuned (2 trials), run and tabulated by the shared code, with nothing of it
 outside its own package and its own config files (copied into a copy of configs/)."""
 

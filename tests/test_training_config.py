@@ -201,7 +201,7 @@ def test_the_entry_points_print_one_line_for_a_bad_optimizer_or_resume_override_
     ],
 )
 def test_check_resume_override_refuses_a_key_the_config_lacks_naming_the_closest(keys, message):
-    """Before, `resume_override=[train.lrr]` was taken and changed nothing on resume."""
+    """A misspelt `resume_override=[train.lrr]`, which would change nothing on resume, is refused."""
     cfg = _compose()
     cfg.resume_override = keys
     if message is None:

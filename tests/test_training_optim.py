@@ -115,8 +115,8 @@ def test_bad_settings_are_one_config_error(change, message, optimizer_config):
 
 
 def test_a_name_that_is_not_the_class_is_refused_in_one_line(tmp_path, optimizer_config):
-    """`optimizer.name` labels every record and table, so it must be the class's (issue 22: `name=sgd`
-    over horst.HORST ran HORST and tabled it as sgd); every shipped file passes."""
+    """`optimizer.name` labels every record and table, so it must be the class's (`name=sgd` over
+    horst.HORST would run HORST and table it as sgd); every shipped file passes."""
     import subprocess
     import sys
 

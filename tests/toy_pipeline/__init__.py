@@ -1,7 +1,6 @@
-"""A third pipeline, the smallest that uses everything a pipeline declares (issue 30's acceptance
-test, tests/test_toy_pipeline.py): a linear classifier on seeded Gaussian blobs, trained with any
-optimizer of configs/optimizer/ inside `Run` (checkpoints, summary.json), its accuracy on
-`eval_split` as its number. Its configs are in configs/ beside this file, laid out as they go into
+"""A third pipeline, the smallest that uses everything a pipeline declares (tests/test_toy_pipeline.py):
+a linear classifier on seeded Gaussian blobs, trained with any optimizer of configs/optimizer/ inside
+`Run` (checkpoints, summary.json), its accuracy on `eval_split` as its number. Its configs are in configs/ beside this file, laid out as they go into
 a configs/ tree; the registry knows it once a test calls `horst_sparse.pipeline.register(PIPELINE)`.
 """
 
