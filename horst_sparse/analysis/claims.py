@@ -16,7 +16,15 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from horst_sparse.analysis.stats import detectable_effect, holm, paired_interval, sign_flip_p
+from horst_sparse.analysis.stats import (
+    detectable_effect,
+    holm,
+    median_interval,
+    paired_interval,
+    rate_interval,
+    sign_flip_p,
+    signed_rank_p,
+)
 
 RULES = Path(__file__).with_name("claims.yaml")
 SUPPORTS, CONTRADICTS, UNDECIDED, NOT_TESTABLE = "supports", "contradicts", "undecided", "not testable"
@@ -63,6 +71,30 @@ def paired_gains(table: pd.DataFrame, first: str, second: str, sparsity: float, 
     a, b = table[(first, sparsity)], table[(second, sparsity)]
     gains = np.log(a) - np.log(b) if log else a - b
     return gains[np.isfinite(gains)]
+
+
+def diverged_seeds(runs: pd.DataFrame, arm: str) -> set:
+    """The seeds of `arm` whose run diverged: a number of it is not finite (as the tables count it)."""
+    mine = runs[runs.arm == arm]
+    return set(mine.loc[~np.isfinite(mine.value.astype(float)), "seed"])
+
+
+def counted_gains(runs: pd.DataFrame, gains: pd.Series, first: str, second: str, *, sign: int) -> pd.Series:
+    """The per-seed gains with every seed both arms ran, a diverged run counted as its arm's worst
+    outcome (the rule `divergence: worst`): -inf in the claimed direction (`sign`) where `first`
+    diverged, +inf where `second` did, a tie (0) where both did. `gains`: the finite gains, of the
+    seeds that have every number the endpoint reads; a seed that ran without one and did not
+    diverge stays out (a missing number is no outcome)."""
+    ran = set(runs.loc[runs.arm == first, "seed"]) & set(runs.loc[runs.arm == second, "seed"])
+    lost_first, lost_second = diverged_seeds(runs, first), diverged_seeds(runs, second)
+    counted = {}
+    for seed in sorted(ran):
+        if seed in lost_first or seed in lost_second:
+            both = seed in lost_first and seed in lost_second
+            counted[seed] = 0.0 if both else sign * (math.inf if seed in lost_second else -math.inf)
+        elif seed in gains.index:
+            counted[seed] = gains[seed]
+    return pd.Series(counted, dtype=float)
 
 
 def unpaired(frame: pd.DataFrame, rows: pd.DataFrame, arms: tuple[str, str], sparsities: list[float]) -> str:
@@ -138,6 +170,7 @@ def _endpoints(rules: dict[str, Any], claim: dict[str, Any], frame: pd.DataFrame
             shift=shift,
             sign=sign,
         )
+        worst = rules.get("divergence") == "worst"  # the primary test counts diverged runs (judge)
         if "at" in spec:
             for s in spec["at"]:
                 gains = paired_gains(table, spec["first"], spec["second"], float(s), log=log)
@@ -146,6 +179,7 @@ def _endpoints(rules: dict[str, Any], claim: dict[str, Any], frame: pd.DataFrame
                         **base,
                         "endpoint": f"{named}{spec['first']}{operator}{spec['second']} at {pct(s)}{bound}",
                         "gains": gains,
+                        **({"counted": counted_gains(runs, gains, *arms, sign=sign)} if worst else {}),
                         "unpaired": unpaired(runs, rows_of_metric, arms, [float(s)]),
                     }
                 )
@@ -165,6 +199,11 @@ def _endpoints(rules: dict[str, Any], claim: dict[str, Any], frame: pd.DataFrame
                     "endpoint": f"{named}{spec['first']}{operator}{spec['second']}: {what} at {pct(end)} "
                     f"{'over' if log else 'minus'} {what} at {pct(start)}{bound}",
                     "gains": after[seeds] - before[seeds],
+                    **(
+                        {"counted": counted_gains(runs, after[seeds] - before[seeds], *arms, sign=sign)}
+                        if worst
+                        else {}
+                    ),
                     "unpaired": unpaired(runs, rows_of_metric, arms, [float(start), float(end)]),
                 }
             )
@@ -183,7 +222,12 @@ def _outcome(n: int, p_holm: float, alpha: float, beyond: float) -> str:
 def judge(frame: pd.DataFrame, rules: dict[str, Any]) -> pd.DataFrame:
     """One row per endpoint: its estimate, interval, p, Holm-adjusted p, outcome, detectable effect,
     and the sign-flip test's p, Holm-adjusted p and outcome (the sensitivity analysis).
-    `frame` holds one study's runs of one split (the caller chooses: `rules["split"]`)."""
+    `frame` holds one study's runs of one split (the caller chooses: `rules["split"]`).
+
+    Under `divergence: worst` the primary test counts every seed both arms ran, a diverged run as
+    its arm's worst outcome (`counted_gains`): the exact signed-rank test, the median gain and its
+    order-statistic interval; the paired t-test over the seeds both arms finished stays beside it
+    as the complete-case sensitivity analysis (columns `*_complete`)."""
     confidence, power = rules["confidence"], rules["power"]
     alpha = 1 - confidence
     rows = []
@@ -197,9 +241,10 @@ def judge(frame: pd.DataFrame, rules: dict[str, Any]) -> pd.DataFrame:
         # The same family as the t-test's: an endpoint without two pairs has no p
         p_flip = [sign_flip_p(g - shift) if len(g) > 1 else math.nan for g, shift in zip(gains, shifts)]
         tests = zip(family, intervals, shifts, p, holm(p), p_flip, holm(p_flip))
+        judged = []
         for endpoint, interval, shift, p_t, p_holm, p_sf, p_sf_holm in tests:
             beyond = np.sign(interval.mean - shift) * endpoint["sign"]
-            rows.append(
+            judged.append(
                 {
                     **endpoint,
                     "estimate": interval.mean,
@@ -215,6 +260,66 @@ def judge(frame: pd.DataFrame, rules: dict[str, Any]) -> pd.DataFrame:
                     "outcome_signflip": _outcome(interval.n, p_sf_holm, alpha, beyond),
                 }
             )
+        if rules.get("divergence") == "worst":
+            judged = _counting_divergence(judged, shifts, alpha, confidence)
+        rows += judged
+    return pd.DataFrame.from_records(rows)
+
+
+COMPLETE_CASE = ("estimate", "low", "high", "n", "p", "p_holm", "outcome")
+
+
+def _counting_divergence(
+    judged: list[dict[str, Any]], shifts: list[float], alpha: float, confidence: float
+) -> list[dict[str, Any]]:
+    """A claim's endpoints with the divergence-counting test as the primary one and the t-test's
+    columns kept as `<column>_complete`."""
+    counted = [e.pop("counted").to_numpy() for e in judged]
+    p = [signed_rank_p(c - shift) if len(c) > 1 else math.nan for c, shift in zip(counted, shifts)]
+    out = []
+    for endpoint, c, shift, p_rank, p_holm in zip(judged, counted, shifts, p, holm(p)):
+        median, low, high = median_interval(c, confidence)
+        with np.errstate(invalid="ignore"):
+            beyond = np.sign(np.median(c - shift)) * endpoint["sign"] if len(c) else 0.0
+        complete = {f"{k}_complete": endpoint[k] for k in COMPLETE_CASE}
+        primary = dict(estimate=median, low=low, high=high, n=len(c), p=p_rank, p_holm=p_holm)
+        out.append(
+            {
+                **endpoint,
+                **complete,
+                **primary,
+                "outcome": _outcome(len(c), p_holm, alpha, beyond),
+                "test": "signed-rank",
+            }
+        )
+    return out
+
+
+def divergence_rates(frame: pd.DataFrame, rules: dict[str, Any]) -> pd.DataFrame:
+    """Each claim arm's seeds, how many diverged, and the exact (Clopper-Pearson) interval of its
+    divergence rate at the rules' confidence: one row per (pipeline, arm) the claims compare."""
+    arms = dict.fromkeys(
+        (claim["pipeline"], arm)
+        for claim in rules["claims"]
+        for e in claim["endpoints"]
+        for arm in (e["first"], e["second"])
+    )
+    rows = []
+    for pipeline, arm in arms:
+        runs = frame[(frame.pipeline == pipeline) & (frame.arm == arm)]
+        seeds, lost = runs.seed.nunique(), len(diverged_seeds(runs, arm))
+        low, high = rate_interval(lost, seeds, rules["confidence"])
+        rows.append(
+            dict(
+                pipeline=pipeline,
+                arm=arm,
+                seeds=seeds,
+                diverged=lost,
+                rate=lost / seeds if seeds else math.nan,
+                low=low,
+                high=high,
+            )
+        )
     return pd.DataFrame.from_records(rows)
 
 

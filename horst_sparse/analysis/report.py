@@ -157,35 +157,56 @@ def paired_markdown(paired: pd.DataFrame, confidence: float) -> str:
     return "\n".join(lines)
 
 
-def claims_markdown(judgement: pd.DataFrame, verdicts: pd.DataFrame, rules: dict[str, Any], split: str) -> str:
+def claims_markdown(
+    judgement: pd.DataFrame,
+    verdicts: pd.DataFrame,
+    rules: dict[str, Any],
+    split: str,
+    rates: pd.DataFrame | None = None,
+) -> str:
+    """claims.md: each claim's verdict and endpoints, the stated sensitivity analyses and the power;
+    `rates` (claims.divergence_rates) where the rules count diverged runs."""
+    counting = rules.get("divergence") == "worst"
+    test = (
+        "exact signed-rank tests over every seed both arms ran, a diverged run counted as its arm's worst "
+        "outcome; the median gain with its order-statistic interval"
+        if counting
+        else "paired t-tests over seeds"
+    )
     lines = [
         "## The paper's claims at this scale",
         "",
-        f"Judged on the runs of the {split} split by the rules of {rules_source(rules)} (paired t-tests over "
-        f"seeds, Holm's correction over each claim's endpoints at level {1 - rules['confidence']:g}; an endpoint "
+        f"Judged on the runs of the {split} split by the rules of {rules_source(rules)} ({test}, Holm's "
+        f"correction over each claim's endpoints at level {1 - rules['confidence']:g}; an endpoint "
         "with a margin is tested against the margin). Small models on small data: a claim not reproduced here "
         "says what happens at this scale.",
         "",
     ]
+    if counting:
+        lines += divergence_markdown(rates, rules)
     for claim in verdicts.itertuples():
         lines.append(f'{claim.claim}. **{claim.verdict}**: "{claim.text}"')
         for row in judgement[judgement.claim == claim.claim].itertuples():
             if row.n == 0:
                 lines.append(f"   - {row.endpoint}: no runs of both: {row.outcome}")
                 continue
-            lost = f" ({row.unpaired}, not in the pairs)" if row.unpaired else ""
+            lost = f" ({row.unpaired}, not in the pairs)" if row.unpaired and not counting else ""
             lines.append(
                 f"   - {row.endpoint}: {tables.estimate_text(row)} {row.unit}, n={row.n}{lost}, "
                 f"Holm p {tables.p_text(row.p_holm)}: {row.outcome}"
             )
+    if counting:
+        lines += complete_case_markdown(judgement, verdicts, rules)
     lines += sensitivity_markdown(judgement, verdicts, rules)
-    power = judgement[judgement["n"] > 1]
+    power = (complete_cases(judgement) if counting else judgement).query("n > 1")
     lines += [
         "",
         f"### Power: the smallest effect each endpoint detects at {100 * rules['power']:g} % power",
         "",
         f"Two-sided paired t-test at level {1 - rules['confidence']:g} (before Holm), with the endpoint's "
-        "observed spread and pair count. An effect smaller than this would usually go undetected.",
+        "observed spread and pair count"
+        + (" over complete cases" if counting else "")
+        + ". An effect smaller than this would usually go undetected.",
         "",
     ]
     if power.empty:
@@ -209,6 +230,59 @@ def claims_markdown(judgement: pd.DataFrame, verdicts: pd.DataFrame, rules: dict
         )
         lines.append(tables.markdown(frame, right=3))
     return "\n".join(lines) + "\n"
+
+
+def divergence_markdown(rates: pd.DataFrame, rules: dict[str, Any]) -> list[str]:
+    """Each claim arm's divergence rate with its exact interval."""
+    shown = pd.DataFrame(
+        {
+            "pipeline": rates["pipeline"],
+            "arm": rates["arm"],
+            "diverged": [f"{r.diverged} of {r.seeds}" for r in rates.itertuples()],
+            f"rate [{100 * rules['confidence']:g} % exact interval]": [
+                f"{100 * r.rate:.0f} % [{100 * r.low:.0f}, {100 * r.high:.0f}]" for r in rates.itertuples()
+            ],
+        }
+    )
+    return ["### Divergence", "", tables.markdown(shown, right=2), ""]
+
+
+def complete_cases(judgement: pd.DataFrame) -> pd.DataFrame:
+    """The judgement with the complete-case t-test's columns in place of the primary test's."""
+    primary = [k for k in claims.COMPLETE_CASE if f"{k}_complete" in judgement]
+    return judgement.drop(columns=primary).rename(columns={f"{k}_complete": k for k in primary})
+
+
+def complete_case_markdown(judgement: pd.DataFrame, verdicts: pd.DataFrame, rules: dict[str, Any]) -> list[str]:
+    """The complete-case sensitivity analysis: the paired t-test over the seeds both arms finished."""
+    complete = complete_cases(judgement)
+    shown = pd.DataFrame(
+        {
+            "claim": complete["claim"],
+            "endpoint": complete["endpoint"],
+            "n pairs": complete["n"],
+            "estimate": [tables.estimate_text(r) for r in complete.itertuples()],
+            "Holm p": complete["p_holm"].map(tables.p_text),
+            "outcome": complete["outcome"],
+            "primary outcome": judgement["outcome"],
+        }
+    )
+    other = claims.verdicts(complete, rules).set_index("claim")["verdict"]
+    return [
+        "",
+        "### Sensitivity analysis: complete cases",
+        "",
+        "The paired t-test over the seeds both arms finished, diverged runs left out (the rule of earlier "
+        "versions). It decides no verdict.",
+        "",
+        tables.markdown(shown, right=4),
+        "",
+        *(
+            f"On complete cases claim {v.claim} would be {other[v.claim]} (stated: {v.verdict})."
+            for v in verdicts.itertuples()
+            if other[v.claim] != v.verdict
+        ),
+    ]
 
 
 def rules_source(rules: dict[str, Any]) -> str:
@@ -253,7 +327,12 @@ def sensitivity_markdown(judgement: pd.DataFrame, verdicts: pd.DataFrame, rules:
 
 
 def headline_markdown(
-    judgement: pd.DataFrame, verdicts: pd.DataFrame, split: str, source: str, rules: dict[str, Any] | None = None
+    judgement: pd.DataFrame,
+    verdicts: pd.DataFrame,
+    split: str,
+    source: str,
+    rules: dict[str, Any] | None = None,
+    rates: pd.DataFrame | None = None,
 ) -> str:
     """The README's headline block: each claim's verdict and its deciding numbers."""
     lines = [
@@ -262,10 +341,22 @@ def headline_markdown(
         f"Judged on the {split} split ({source}; rules: {rules_source(rules or {})}):",
         "",
     ]
+    counting = rates is not None
+    if counting:
+        lines += [
+            "Diverged runs count as their arm's worst outcome; divergence: "
+            + "; ".join(
+                f"{r.pipeline} {r.arm} {r.diverged} of {r.seeds} [{100 * r.low:.0f}-{100 * r.high:.0f} %]"
+                for r in rates.itertuples()
+            ),
+            "",
+        ]
     for claim in verdicts.itertuples():
         tested = judgement[(judgement.claim == claim.claim) & (judgement.outcome != claims.NOT_TESTABLE)]
         numbers = "; ".join(f"{r.endpoint} {tables.estimate_text(r)} ({r.outcome})" for r in tested.itertuples())
-        lost = "; ".join(dict.fromkeys(part for u in tested.unpaired if u for part in u.split("; ")))  # once each
+        lost = (
+            "" if counting else "; ".join(dict.fromkeys(part for u in tested.unpaired if u for part in u.split("; ")))
+        )
         lines.append(
             f"- Claim {claim.claim}: **{claim.verdict}**"
             + (f" (left out of the pairs: {lost})" if lost else "")
@@ -340,9 +431,10 @@ def write_report(
         tables.write_csv(
             verdicts.merge(_ratio_csv(judgement), on="claim").drop(columns=["sign", "text"]), out / "claims.csv"
         )
-        claims_md = claims_markdown(judgement, verdicts, rules, split)
+        rates = claims.divergence_rates(frame, rules) if rules.get("divergence") == "worst" else None
+        claims_md = claims_markdown(judgement, verdicts, rules, split, rates)
         (out / "claims.md").write_text(claims_md)
-        headline = headline_markdown(judgement, verdicts, split, source or str(out), rules)
+        headline = headline_markdown(judgement, verdicts, split, source or str(out), rules, rates)
         (out / "headline.md").write_text(headline)
     else:
         claims_md, headline = "", f"{unjudged}\n"

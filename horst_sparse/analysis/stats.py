@@ -105,3 +105,42 @@ def detectable_effect(sd: float, n: int, *, alpha: float, power: float) -> float
         return stats.nct.sf(critical, df, nc) + (lower if math.isfinite(lower) else 0.0) - power
 
     return float(optimize.brentq(shortfall, 0.0, (critical + 8) * sd / math.sqrt(n)))  # power ~1 there
+
+
+def signed_rank_p(differences: Sequence[float]) -> float:
+    """Two-sided exact Wilcoxon signed-rank p-value of paired differences against 0: the sign-flip
+    test of their signed ranks (ranks of |d|, ties averaged; zeros dropped, Wilcoxon's rule). An
+    infinite difference (a diverged run, counted as the worst or best outcome) takes the highest
+    rank: it counts as large as any, and no larger. NaN where no difference is non-zero."""
+    d = np.asarray(differences, dtype=float)
+    d = d[d != 0]
+    if len(d) == 0:
+        return math.nan
+    return sign_flip_p(np.sign(d) * stats.rankdata(np.abs(d)))
+
+
+def median_interval(values: Sequence[float], confidence: float) -> tuple[float, float, float]:
+    """(median, low, high): the distribution-free interval for the median from order statistics,
+    [x_(k), x_(n+1-k)] with the largest k whose exact binomial coverage is at least `confidence`
+    (infinite bounds where n is too small for one). Infinite values count as the extremes they
+    stand for, so a diverged run moves the interval by its rank, not by a made-up number."""
+    x = np.sort(np.asarray(values, dtype=float))
+    n = len(x)
+    if n == 0:
+        return math.nan, math.nan, math.nan
+    middle = x[(n - 1) // 2 : n // 2 + 1]
+    median = float(middle.mean()) if np.isfinite(middle).all() else float(middle[-1])  # inf and -inf: the upper
+    k = 0
+    while k + 1 <= n // 2 and 1 - 2 * stats.binom.cdf(k, n, 0.5) >= confidence:
+        k += 1  # coverage of [x_(k+1), x_(n-k)]: P(k < B <= n-k-1) = 1 - 2 P(B <= k)
+    if k == 0:
+        return median, -math.inf, math.inf
+    return median, float(x[k - 1]), float(x[n - k])
+
+
+def rate_interval(events: int, trials: int, confidence: float) -> tuple[float, float]:
+    """The exact (Clopper-Pearson) interval of a rate, `events` of `trials`."""
+    if trials == 0:
+        return math.nan, math.nan
+    ci = stats.binomtest(events, trials).proportion_ci(confidence_level=confidence, method="exact")
+    return float(ci.low), float(ci.high)

@@ -72,12 +72,21 @@ def estimate_text(row: Any) -> str:
     `×0.912 [0.884, 0.941]`; one pair: `+1.02 (n=1, no interval)`."""
     d = row.decimals
     if row.ratio:
-        mean, bounds = f"×{math.exp(row.estimate):.{d}f}", f"[{math.exp(row.low):.{d}f}, {math.exp(row.high):.{d}f}]"
+        mean, bounds = f"×{math.exp(row.estimate):.{d}f}", f"[{_ratio_bound(row.low, d)}, {_ratio_bound(row.high, d)}]"
     else:
-        mean, bounds = signed(row.estimate, d), f"[{signed(row.low, d)}, {signed(row.high, d)}]"
+        mean, bounds = signed(row.estimate, d), f"[{_bound(row.low, d)}, {_bound(row.high, d)}]"
     if not math.isfinite(row.estimate):
         return "no pair"
     return f"{mean} {bounds}" if row.n > 1 else f"{mean} (n={row.n}, no interval)"
+
+
+def _bound(value: float, decimals: int) -> str:
+    """An interval's bound; an infinite one (a rank interval reaching a diverged run) as ∞."""
+    return ("∞" if value > 0 else "-∞") if math.isinf(value) else signed(value, decimals)
+
+
+def _ratio_bound(log_value: float, decimals: int) -> str:
+    return ("∞" if log_value > 0 else "0") if math.isinf(log_value) else f"{math.exp(log_value):.{decimals}f}"
 
 
 def p_text(p: float) -> str:
