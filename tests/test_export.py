@@ -5,6 +5,8 @@ safetensors. Real tiny runs, real loaders, offline."""
 from __future__ import annotations
 
 import json
+import os
+import stat
 
 import pytest
 import torch
@@ -193,6 +195,31 @@ def test_vit_export_loaded_the_timm_way_gives_the_runs_accuracy(vit_run, tmp_pat
     assert f"top-1 {summary['top1']:.4f}" in card and "AC/DC" in card and summary["optimizer"]["name"] in card
     config = json.loads((out / "config.json").read_text())
     assert config["num_classes"] == 3 and config["pretrained_cfg"]["crop_pct"] == cfg.aug.crop_pct
+
+
+def modes(folder) -> dict[str, int]:
+    return {f.name: stat.S_IMODE(f.stat().st_mode) for f in folder.iterdir() if f.is_file()}
+
+
+def test_every_exported_file_gets_the_mode_a_new_file_gets(gpt2_run, vit_run, tmp_path):
+    """0666 less the umask, as open() gives: 0644 under umask 022, model.safetensors too (safetensors
+    itself writes 0600); 0640 under 027 (the umask decides, not a fixed mode); the end-of-run
+    export as the run's own files."""
+    previous = os.umask(0o022)
+    try:
+        export_run(gpt2_run[1], tmp_path / "gpt2", to="hf", sparsity=0.5)
+        export_run(vit_run[1], tmp_path / "vit", to="timm")
+        os.umask(0o027)
+        export_run(vit_run[1], tmp_path / "vit027", to="timm")
+    finally:
+        os.umask(previous)
+    for folder, mode in (("gpt2", 0o644), ("vit", 0o644), ("vit027", 0o640)):
+        found = modes(tmp_path / folder)
+        assert "model.safetensors" in found and "README.md" in found and "config.json" in found, found
+        assert {name: oct(m) for name, m in found.items() if m != mode} == {}, folder
+    run_dir = gpt2_run[1]
+    written = stat.S_IMODE((run_dir / "summary.json").stat().st_mode)  # the run's own file, by open()
+    assert {name: oct(m) for name, m in modes(run_dir / "export").items() if m != written} == {}
 
 
 def test_the_shared_export_knows_no_pipeline():

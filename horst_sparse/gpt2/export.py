@@ -21,7 +21,7 @@ from horst_sparse.gpt2.data import corpus_tokenizer, gpt2_tokenizer, load_data, 
 from horst_sparse.gpt2.evaluate import calibration_batches, comparison, evaluate_lm, input_norms, prune_copy
 from horst_sparse.gpt2.model import VOCAB_SIZE, build_model
 from horst_sparse.training.config import RunError
-from horst_sparse.training.export import RunFolder, commits, optimizer_line
+from horst_sparse.training.export import RunFolder, commits, optimizer_line, plain_mode
 
 
 def export_gpt2(
@@ -108,6 +108,7 @@ def export_gpt2(
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         pruned.save_pretrained(out, safe_serialization=True)
+        plain_mode(out.glob("*.safetensors"))  # safetensors writes them 0600, unlike every other file here
         (gpt2_tokenizer() if vocabulary is None else corpus_tokenizer(vocabulary)).save_pretrained(out)
         (out / "README.md").write_text(_gpt2_card(cfg, facts, summary or {}))
     return facts

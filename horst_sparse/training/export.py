@@ -9,6 +9,8 @@ pipeline from its config and checks `--to` against it.
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,6 +61,30 @@ def commits(summary: dict) -> str:
     """The card's provenance: the commit that trained the model and the one that exported it."""
     trained = summary.get("git_commit", "unknown")
     return f"trained at commit `{trained}`, exported at commit `{git_commit(Path(__file__).parent)}`"
+
+
+def umask() -> int:
+    """The process's umask, read without setting it (os.umask sets one to read it: for that moment
+    every file another thread creates would get the wrong mode)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)  # no /proc (not Linux): the one way there is
+    os.umask(mask)
+    return mask
+
+
+def plain_mode(paths: Iterable[str | Path]) -> None:
+    """Give each file the mode that `open(path, "w")` gives a new file: 0666 less the umask (0644
+    under the usual 022). safetensors writes its file 0600 (a private temporary file, renamed), so
+    the model would otherwise be the one file of an export that the machine's other users (a
+    shared cluster's, a container's other uid) cannot read."""
+    mode = 0o666 & ~umask()
+    for path in paths:
+        os.chmod(path, mode)
 
 
 def export_run(run_dir: str | Path, out: str | Path, *, to: str, force: bool = False, **options: Any) -> dict:

@@ -19,7 +19,7 @@ import torch
 
 import pruning
 from horst_sparse.training.config import RunError
-from horst_sparse.training.export import RunFolder, commits, optimizer_line
+from horst_sparse.training.export import RunFolder, commits, optimizer_line, plain_mode
 from horst_sparse.vit.config import prunable_set
 from horst_sparse.vit.model import build_model
 
@@ -62,6 +62,7 @@ def export_vit(model: torch.nn.Module, cfg, out: str | Path, *, num_classes: int
     }
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    plain_mode([out / "model.safetensors"])  # safetensors writes it 0600, unlike every other file here
     data_config = eval_data_config(cfg.aug, img_size=m.img_size)
     save_config_for_hf(model, str(out / "config.json"), model_args=model_args, data_config=data_config)
     config = json.loads((out / "config.json").read_text())
