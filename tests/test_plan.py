@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -226,6 +229,30 @@ def test_deit_cells_with_their_imagenet_are_planned_and_a_missing_dataset_refuse
 def test_flags_other_than_multirun_are_refused():
     with pytest.raises(SystemExit, match="--cfg"):
         plan.main(["train_vit.py", "-m", "--cfg", "job"])
+
+
+@pytest.mark.parametrize(
+    "typed", [["horst-plan"], ["python", "scripts/plan.py"], ["python", "-m", "horst_sparse.study.plan"]]
+)
+def test_the_last_line_names_the_planner_as_typed(typed):
+    """Typed as a user types it: the console script found on PATH (the venv's bin/ first, as
+    `source .venv/bin/activate` puts it), the script by its path, the module with -m."""
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    done = subprocess.run(
+        [*typed, "train_vit.py", "-m", "optimizer=adamw,horst"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.strip().splitlines()
+    assert lines[0] == "plan: python train_vit.py -m optimizer=adamw,horst"
+    assert lines[-1] == (
+        f"nothing was submitted ({' '.join(typed)} only plans); to launch, run the command of the plan: line above"
+    )
 
 
 # ---- a CPU job on SLURM: one task, its CPUs and memory against the partition's nodes ----------

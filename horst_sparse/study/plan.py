@@ -293,8 +293,10 @@ def render(
     *,
     data_checked: bool = True,
     sinfo: str | None = None,
+    prog: str = "horst-plan",
 ) -> str:
-    """The plan as printed; `sinfo`: the output of `sinfo -h -N -o "%P %c %m"` (None: run it)."""
+    """The plan as printed; `sinfo`: the output of `sinfo -h -N -o "%P %c %m"` (None: run it);
+    `prog`: the planner as it was typed (`invoked_as`), which the last line names."""
     params = config.hydra.sweeper.get("params") or {}
     fixed = [o for o in (cells[0].overrides if cells else []) if o not in _varying(cells, cells[0])]
     lines = [
@@ -346,7 +348,7 @@ def render(
         lines.append("the range assumes:")
         lines += [f"  - {a}" for a in assumptions]
     lines += launcher_lines(config, cells, sinfo)
-    lines.append("nothing was submitted; to launch, run the command above without scripts/plan.py")
+    lines.append(f"nothing was submitted ({prog} only plans); to launch, run the command of the plan: line above")
     return "\n".join(lines)
 
 
@@ -378,9 +380,22 @@ def plan(
     return pipeline, config, cells
 
 
+def invoked_as(argv0: str) -> str:
+    """The planner as its user typed it, from `sys.argv[0]`: a console script is found on PATH
+    (argv[0] is then its full path, `horst-plan` was typed), a script keeps the path it was given
+    (`scripts/plan.py`), and `python -m` sets this module's file."""
+    path = Path(argv0)
+    if path.suffix != ".py":
+        return path.name
+    if path.resolve() == Path(__file__).resolve():
+        return f"python -m {__spec__.name if __spec__ else 'horst_sparse.study.plan'}"
+    return f"python {argv0}"
+
+
 def main(argv: Sequence[str] | None = None) -> None:
+    prog = invoked_as(sys.argv[0])
     parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog, description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--costs", default=str(COSTS), help="cost table (default %(default)s)")
     parser.add_argument(
@@ -398,7 +413,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     overrides = [o for o in args.overrides if o not in MULTIRUN_FLAGS]
     flags = [o for o in overrides if o.startswith("-")]
     if flags:
-        sys.exit(f"error: plan.py takes Hydra overrides only (and -m), not {' '.join(flags)}")
+        sys.exit(f"error: {prog} takes Hydra overrides only (and -m), not {' '.join(flags)}")
     try:
         pipeline, config, cells = plan(args.script, overrides, costs=Path(args.costs))
     except PlanError as error:
@@ -408,7 +423,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         for line in problems:
             print(f"error: {line}", file=sys.stderr)
         sys.exit("refused: the cells above would fail at start-up; fix them, nothing was planned")
-    print(render(pipeline, config, cells, overrides, data_checked=not args.no_data_check))
+    print(render(pipeline, config, cells, overrides, data_checked=not args.no_data_check, prog=prog))
 
 
 if __name__ == "__main__":
