@@ -2,7 +2,8 @@
 marker, so equal values do not hide each other), the mean as a line with its t-interval over the
 seeds as bars, a weight histogram as the seeds' mean and range; sparsity on a log axis of
 density (1 - sparsity), so 98, 99 and 99.5 % sit as far apart as 50, 75 and 87.5 %; titles say
-what ran; no text on text (legends below the axes, constrained layout)."""
+what ran; no text on text (legends below the axes, constrained layout) and none past the canvas's
+edges (`_fit_in_canvas`)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from horst_sparse.analysis.stats import paired_interval
 from horst_sparse.analysis.tables import SETTING_GROUP, arm_color, order, settings
 
 MARKERS = "osD^vP*Xh"
+DPI = 130  # the figures' resolution: also the one their text is fitted at (_fit_in_canvas)
+LEGEND = dict(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)  # below the axes
 
 
 def _pyplot():
@@ -28,6 +31,49 @@ def _pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def _rewrap(text: str, shorter: float) -> str:
+    """`text` with each of its lines wrapped at `shorter` times its longest line's length."""
+    lines = text.split("\n")
+    width = max(8, int(max(map(len, lines)) * shorter))
+    return "\n".join(textwrap.fill(line, width) for line in lines)
+
+
+def _overflow(artist, fig) -> float:
+    """0 where `artist` lies between the canvas's left and right edges as last drawn, else its width
+    over the canvas's (above 1: no placement fits it)."""
+    box = artist.get_window_extent(fig.canvas.get_renderer())
+    return 0.0 if box.x0 >= 0 and box.x1 <= fig.bbox.width else box.width / fig.bbox.width
+
+
+def _fit_in_canvas(fig, legend_columns: int) -> None:
+    """Every title and legend inside the figure's canvas, as savefig will lay it out. Constrained
+    layout moves and shrinks the axes to make room, but it cannot shrink a text wider than the
+    figure itself (a suptitle, a panel's title, a legend row of long arm and setting names): that
+    one would run off both edges. So after each layout such a title is wrapped narrower and such
+    a legend gets fewer columns (one column: its labels wrapped), until nothing is outside."""
+    columns = {ax: legend_columns for ax in fig.axes}
+    for _ in range(50):  # each round narrows one step; a figure of any sane size fits long before
+        fig.draw_without_rendering()
+        changed = False
+        for text in [fig._suptitle, *(ax.title for ax in fig.axes)]:
+            if text is not None and text.get_text() and (over := _overflow(text, fig)):
+                text.set_text(_rewrap(text.get_text(), min(0.9, 1 / over)))
+                changed = True
+        for ax in fig.axes:
+            legend = ax.get_legend()
+            if legend is None or not _overflow(legend, fig):
+                continue
+            handles, labels = ax.get_legend_handles_labels()
+            if columns[ax] > 1:
+                columns[ax] -= 1
+            else:
+                labels = [_rewrap(t.get_text(), 0.8) for t in legend.get_texts()]
+            ax.legend(handles, labels, ncols=columns[ax], **LEGEND)
+            changed = True
+        if not changed:
+            return
 
 
 def _density_axis(ax, sparsities: list[float]) -> None:
@@ -92,7 +138,9 @@ def metric_figure(
     rows = order(rows.merge(named, on=[*SETTING_GROUP, "signature"], how="left"))
     rows["line"] = [f"{a}, {s}" if s else a for a, s in zip(rows["arm"], rows["setting"].fillna(""))]
     panels = list(rows.groupby(["data", "model"], sort=False))
-    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.4), squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(6 * len(panels), 4.4), dpi=DPI, squeeze=False, layout="constrained"
+    )
     arms = list(dict.fromkeys(rows["arm"]))
     lines = list(dict.fromkeys(rows["line"]))
     for ax, ((data, model), panel) in zip(axes[0], panels):
@@ -139,11 +187,12 @@ def metric_figure(
         ax.set_ylabel(ylabel)
         ax.set_title(f"{model} on {data}", fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=2, frameon=False)
+        ax.legend(ncols=2, **LEGEND)
     counts = rows[np.isfinite(rows["value"])].groupby(["data", "model", "line", "sparsity"])["seed"].nunique()
     shown = [f"arms: {', '.join(arms)}", _interval_words(counts, confidence)]
     fig.suptitle("\n".join(textwrap.fill(line, 80 * len(panels)) for line in [title, *shown]), fontsize=10)
-    fig.savefig(path, dpi=130)
+    _fit_in_canvas(fig, legend_columns=2)
+    fig.savefig(path, dpi=DPI)
     plt.close(fig)
 
 
@@ -208,7 +257,7 @@ def weight_figure(
         return notes + ["weight figure not drawn: no run folder with a weight histogram"], used
     all_arms = list(dict.fromkeys(a for items in drawn.values() for a in items))
     plt = _pyplot()
-    fig, axes = plt.subplots(1, len(drawn), figsize=(6 * len(drawn), 4.4), squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(1, len(drawn), figsize=(6 * len(drawn), 4.4), dpi=DPI, squeeze=False, layout="constrained")
     for ax, (pipeline, items) in zip(axes[0], drawn.items()):
         histograms = [h for runs in items.values() for _, h in runs]
         bins = max(len(counts) for counts, _, _ in histograms)
@@ -231,10 +280,11 @@ def weight_figure(
         ax.set_xlabel("log10 |w| of the prunable weights")
         ax.set_ylabel("density")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=3, frameon=False)
+        ax.legend(ncols=3, **LEGEND)
     seeds = _seed_words([runs for items in drawn.values() for runs in items.values()])
     title = [f"Weight magnitudes of {', '.join(all_arms)}{caveat}", seeds]
     fig.suptitle("\n".join(textwrap.fill(line, 80 * len(drawn)) for line in title), fontsize=10)
-    fig.savefig(path, dpi=130)
+    _fit_in_canvas(fig, legend_columns=3)
+    fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return notes, used
