@@ -319,10 +319,10 @@ def test_jobs_file_lists_a_cell_submitted_again_once(tmp_path):
 
 @pytest.mark.slow  # a real multi-process run; make test-all (keeps make test under 10 min on 2 cores)
 def test_a_cell_slurm_cancels_names_its_last_checkpoint_and_the_line_that_continues_it(fake_slurm, pydoc_dir, tmp_path):
-    """`scancel` as SLURM does it: SIGTERM to the job's task. The run checkpoints and exits; the
-    launcher records the failed cell with that checkpoint (path and step) and the line that
-    continues it, the one the run printed, which pasted finishes the run; the multirun ends
-    with the line that continues the sweep."""
+    """`scancel` as SLURM does it: SIGTERM to the job's task. The run checkpoints and exits,
+    printing the line that continues the sweep (through SLURM); the launcher records the failed
+    cell with that checkpoint (path and step) and the line that continues the cell alone, which
+    pasted finishes the run; the multirun ends with the line that continues the sweep."""
     state, env = fake_slurm
     sweep = tmp_path / "sweep"
     steps = [o for o in TINY_GPT2 if not o.startswith("train.max_steps=")] + ["train.max_steps=60"]
@@ -344,13 +344,14 @@ def test_a_cell_slurm_cancels_names_its_last_checkpoint_and_the_line_that_contin
     finally:
         child.kill()
     assert child.returncode == 1, stderr[-3000:]
-    assert "continue the sweep (its finished cells are kept) with: python train_gpt2.py -m " in stderr
+    sweep_line = stderr.split("continue the sweep (its finished cells are kept) with: ", 1)[1].splitlines()[0]
+    assert sweep_line.startswith("python train_gpt2.py -m hydra/launcher=slurm_1gpu ")
     run_dir = cell()
     checkpoint = max(run_dir.glob("ckpt_*.pt"))
     record = json.loads((run_dir / "failed.json").read_text())
     assert record["checkpoint"] == str(checkpoint) and record["checkpoint_step"] == int(checkpoint.stem.split("_")[1])
     (log,) = sweep.glob(".submitit/*/*_0_log.err")  # the run's own stderr, on the node
-    assert f"stopped by SIGTERM: checkpoint written; continue with: {record['continue']}\n" in log.read_text()
+    assert f"stopped by SIGTERM: checkpoint written; continue with: {sweep_line}\n" in log.read_text()
 
     pasted = paste(record["continue"], env=env)
     assert pasted.returncode == 0, pasted.stderr[-3000:]
@@ -385,7 +386,8 @@ def test_slurm_cpu_preset_asks_for_one_task_its_cpus_and_memory_and_no_gpu(fake_
 def test_sweep_status_names_a_failed_cells_last_checkpoint_and_the_line_that_continues_it(tmp_path, capsys):
     """What a failed cell's `failed.json` names of its resumption is printed below its row, as
     the record has it (`last_checkpoint` {path, step} or `checkpoint` and `checkpoint_step`;
-    `continue`); a record without those fields prints the row alone."""
+    `continue`, the cell alone, here); a record without those fields prints the row alone. With no
+    cell pending or running, the line that continues the whole sweep (jobs.json's) comes last."""
     from hydra_plugins.horst_slurm import status
 
     records = {
@@ -403,19 +405,22 @@ def test_sweep_status_names_a_failed_cells_last_checkpoint_and_the_line_that_con
     (tmp_path / "4_e").mkdir()
     (tmp_path / "4_e" / "failed.json").write_text("{")  # cut off as it was written
     cells.append({"num": 4, "slurm_job_id": "9_4", "run_dir": str(tmp_path / "4_e"), "config": {}})
-    (tmp_path / "jobs.json").write_text(json.dumps({"pipeline": "vit", "submitit_folder": "f/%j", "cells": cells}))
+    sweep_line = "python train_vit.py -m hydra/launcher=slurm_cpu seed=0,1 hydra.sweep.dir=/s"
+    manifest = {"pipeline": "vit", "submitit_folder": "f/%j", "command": sweep_line, "cells": cells}
+    (tmp_path / "jobs.json").write_text(json.dumps(manifest))
 
     assert status.main([str(tmp_path)]) == 1
     assert capsys.readouterr().out.splitlines() == [
         "0_a  failed   reason 0_a",
         "    last checkpoint: /r/0_a/ckpt_00000040.pt (step 40)",
-        "    continue: python x.py a=1",
+        "    continue this cell alone, on this machine: python x.py a=1",
         "1_b  failed   reason 1_b",
         "    last checkpoint: /r/1_b/ckpt_00000007.pt (step 7)",
-        "    continue: python x.py 'b=a b'",
+        "    continue this cell alone, on this machine: python x.py 'b=a b'",
         "2_c  failed   reason 2_c",
         "    last checkpoint: none (the run starts again from its first step)",
         "3_d  failed   reason 3_d",
         "4_e  failed   (no reason readable in its failed.json)",
         "0 done, 5 failed, 0 running, 0 pending of 5 cells",
+        f"continue the sweep (its finished cells are kept) with: {sweep_line}",
     ]

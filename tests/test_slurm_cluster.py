@@ -20,6 +20,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -130,7 +131,8 @@ def test_a_cell_slurm_cancels_is_a_failed_cell_and_the_others_finish(slurm_clust
     record = json.loads((run_dir / "failed.json").read_text())
     assert record["slurm_state"].startswith("CANCELLED") and record["slurm_job_id"] == cancelled["slurm_job_id"]
     assert record["config"]["train"]["max_steps"] == 2000 and record["pipeline"] == "gpt2"
-    assert f"failed cell {run_dir}: SLURM job {cancelled['slurm_job_id']} ended CANCELLED" in stderr
+    # The run's own record (it checkpointed and said it was cancelled), kept by the launcher.
+    assert f"failed cell {run_dir}: cancelled: SLURM job {cancelled['slurm_job_id']} CANCELLED" in stderr
     assert "1 cell(s) of this multirun failed" in stderr and "Traceback" not in stderr
     # The run checkpointed on SLURM's SIGTERM before it ended: a rerun continues from there.
     (checkpoint,) = run_dir.glob("ckpt_*.pt")
@@ -342,12 +344,12 @@ def test_submit_and_return_then_status_follows_the_cells(slurm_cluster, pydoc_di
     rows = {line.split()[0]: line for line in shown[:-1] if not line.startswith(" ")}  # indented: notes
     assert final.returncode == 1, final.stdout
     assert rows[Path(short["run_dir"]).name].split()[1] == "done"
-    assert f"failed   SLURM job {long['slurm_job_id']} ended CANCELLED" in rows[Path(long["run_dir"]).name]
+    assert f"failed   cancelled: SLURM job {long['slurm_job_id']} CANCELLED" in rows[Path(long["run_dir"]).name]
     record = json.loads((Path(long["run_dir"]) / "failed.json").read_text())
     assert record["slurm_state"].startswith("CANCELLED") and record["config"]["train"]["max_steps"] == 2000
     assert "1 done, 1 failed, 0 running, 0 pending of 2 cells" in final.stdout
-    # Below the failed row: its last checkpoint (if SIGTERM's had been written when it was
-    # recorded) and the line that continues it, as its failed.json names them.
+    # Below the failed row: its last checkpoint (SIGTERM's) and the line that continues the cell
+    # alone, on this machine, as its failed.json names them.
     notes = shown[shown.index(rows[Path(long["run_dir"]).name]) + 1 :][:2]
     checkpoint = record.get("checkpoint")
     assert notes[0] == (
@@ -355,7 +357,8 @@ def test_submit_and_return_then_status_follows_the_cells(slurm_cluster, pydoc_di
         if checkpoint
         else "    last checkpoint: none (the run starts again from its first step)"
     )
-    assert notes[1] == f"    continue: {record['continue']}" and record["continue"].startswith("python train_gpt2.py ")
+    assert notes[1] == f"    continue this cell alone, on this machine: {record['continue']}"
+    assert record["continue"].startswith("python train_gpt2.py ")
 
     tables = subprocess.run(
         [sweep_status, str(sweep_dir), "--tables", str(tmp_path / "tables")],
@@ -447,3 +450,75 @@ def test_a_cpu_job_of_the_gpu_preset_is_planned_with_a_warning_and_shown_pending
         assert lines[2] == "0 done, 0 failed, 0 running, 1 pending of 1 cells"
     finally:
         subprocess.run(["scancel", job_id], check=True)
+
+
+def test_a_cancelled_cell_of_a_sweep_that_returned_is_continued_by_the_line_status_prints(slurm_cluster, tmp_path):
+    """A `wait=false` sweep of the ViT smoke preset on `slurm_cpu`, W&B offline as a user runs it;
+    `scancel` of one cell while it trains. That cell checkpoints, says in its log that it was
+    cancelled (no traceback: W&B's service process, which SLURM's SIGTERM ends too, is closed
+    cleanly) and records it. `horst-sweep-status` prints the line that continues the sweep; run as
+    printed, it submits the cancelled cell alone, through the same launcher, and that cell
+    continues from its checkpoint while the finished one keeps its files."""
+    sweep_dir = tmp_path / "sweep"
+    cells_given = ["experiment=smoke_vit", "optimizer=horst", "optimizer.alpha=10,100"]
+    command = [
+        sys.executable,
+        str(ROOT / "train_vit.py"),
+        "-m",
+        "hydra/launcher=slurm_cpu",
+        "hydra.launcher.wait=false",
+    ]
+    # Steps of 0.5 s or more: the cell (64 steps) is still training when it is cancelled. The sweep as
+    # continued is not paced. W&B offline: its service process is one that SLURM signals.
+    env = {**ENV, "WANDB_MODE": "offline", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    paced = {**env, SECONDS_PER_STEP: "0.5", "PYTEST_CURRENT_TEST": os.environ["PYTEST_CURRENT_TEST"]}
+    submitted = subprocess.run(
+        [*command, *cells_given, f"hydra.sweep.dir={sweep_dir}"],
+        cwd=ROOT,
+        env=paced,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert submitted.returncode == 0, submitted.stderr[-3000:]
+    finished, cancelled = cells(sweep_dir)
+    wait_for(lambda: logged_steps(Path(cancelled["run_dir"])), "cell 1 to train")
+    subprocess.run(["scancel", cancelled["slurm_job_id"]], check=True)
+    sweep_status = str(Path(sys.executable).parent / "horst-sweep-status")
+
+    def status() -> subprocess.CompletedProcess:
+        return subprocess.run([sweep_status, str(sweep_dir)], env=env, capture_output=True, text=True, timeout=120)
+
+    wait_for(lambda: status().returncode != 3, "both cells to end", every=2)
+    shown = status()
+    assert shown.returncode == 1, shown.stdout + shown.stderr
+    run_dir = Path(cancelled["run_dir"])
+    record = json.loads((run_dir / "failed.json").read_text())
+    job = cancelled["slurm_job_id"]
+    assert record["reason"].startswith(f"cancelled: SLURM job {job} CANCELLED") and record["slurm_job_id"] == job
+    (err,) = sweep_dir.glob(f".submitit/{job}/*_log.err")
+    log = err.read_text()
+    assert "Traceback" not in log and f"cancelled: SLURM job {job} CANCELLED" in log, log[-3000:]
+    assert "Job completed successfully" not in (err.with_suffix(".out")).read_text()
+    row = next(line for line in shown.stdout.splitlines() if line.startswith(run_dir.name))
+    assert row.split(None, 2)[1:] == ["failed", record["reason"]]
+    line = shown.stdout.split("continue the sweep (its finished cells are kept) with: ", 1)[1].splitlines()[0]
+    assert line.startswith("python train_vit.py -m hydra/launcher=slurm_cpu hydra.launcher.wait=false ")
+
+    before = snapshot(Path(finished["run_dir"]))
+    continued = subprocess.run(shlex.split(line), cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert continued.returncode == 0, continued.stderr[-3000:]
+    assert "submitted 1 cell(s) as SLURM job " in continued.stderr
+    assert "(1 finished cell(s) left as they are)" in continued.stderr
+    again_finished, again_cancelled = cells(sweep_dir)
+    assert again_finished["slurm_job_id"] == finished["slurm_job_id"]  # no job for the finished cell
+    assert again_cancelled["slurm_job_id"] != job
+    wait_for(lambda: status().returncode != 3, "the continued cell to end", every=2)
+    final = status()
+    assert final.returncode == 0 and "2 done, 0 failed, 0 running, 0 pending of 2 cells" in final.stdout, final.stdout
+    assert "continue the sweep" not in final.stdout
+    (out,) = sweep_dir.glob(f".submitit/{again_cancelled['slurm_job_id']}/*_log.out")
+    assert f"resumed from {record['checkpoint']} " in out.read_text()
+    assert logged_steps(run_dir) == list(range(5, 61, 5))  # each logged step once (every 5th of 64)
+    assert not (run_dir / "failed.json").exists() and (run_dir / "summary.json").is_file()
+    assert snapshot(Path(finished["run_dir"])) == before

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import pytest
@@ -134,3 +135,36 @@ def test_labelled_output_starts_every_line_and_redraw_with_the_runs_label(capsys
     assert captured.err == "[vit horst/s0.9/seed0] step 1\r[vit horst/s0.9/seed0] step 2 more\n"
     print("after")
     assert capsys.readouterr().out == "after\n"
+
+
+def test_a_run_whose_wandb_service_got_sigterm_closes_in_one_line_without_a_traceback(tmp_path):
+    """SLURM's SIGTERM (scancel, preemption) reaches every process of a job, wandb-core too, which
+    exits at once: the run's W&B record is closed without it, in one line, and neither the close
+    nor wandb's exit hook prints a traceback. A real offline run in a process of its own, its
+    real service process signalled."""
+    import subprocess
+
+    script = f"""
+import os, signal, time
+from pathlib import Path
+from horst_sparse.training.run_log import RunLogger
+
+log = RunLogger({str(tmp_path)!r}, {{"lr": 0.1}}, mode="offline")
+log.log({{"loss": 1.0}}, step=1)
+(service,) = [p for p in Path("/proc").glob("[0-9]*") if (p / "stat").is_file()
+              and (p / "stat").read_text().split(") ")[1].split()[1] == str(os.getpid())
+              and "wandb-core" in (p / "cmdline").read_text()]
+os.kill(int(service.name), signal.SIGTERM)
+while service.exists() and "Z" not in (service / "stat").read_text().split(") ")[1].split()[0]:
+    time.sleep(0.05)
+log.log({{"loss": 0.5}}, step=2)
+log.close(exit_code=3)
+print("closed")
+"""
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip().endswith("closed"), done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    (line,) = [line for line in done.stderr.splitlines() if line.startswith("W&B:")]
+    assert "its service process ended before this run's W&B record was closed" in line
+    assert [r["step"] for r in _steps(tmp_path)] == [1, 2]  # the JSONL log holds every step

@@ -12,6 +12,9 @@
   cancelled one ends. With ``preempt_send_user_signal`` a preempted job gets SIGUSR2 and
   SIGTERM at once: SLURM is already requeuing it, and submitit's ``scontrol requeue`` would
   fail (the cell would end failed), so after SIGTERM the run exits and leaves it to SLURM.
+  SLURM's accounting tells the cases apart (`sacct`: CANCELLED by <uid>, PREEMPTED, REQUEUED;
+  squeue and scontrol say only COMPLETING): a cancelled job's run says so and exits with
+  ``SlurmCancelled``, which `hydra_task` records as a failed cell.
 * SIGINT: Ctrl-C. A second Ctrl-C stops at once.
 
 ``PreemptionGuard`` takes them over: the handler only records the signal; the training
@@ -33,6 +36,7 @@ import os
 import re
 import shlex
 import signal
+import subprocess
 import sys
 from collections.abc import Iterable, Iterator
 from types import FrameType
@@ -62,6 +66,38 @@ def command_line(arguments: Iterable[str]) -> str:
     an argument holding Hydra's single quotes goes in double quotes where the shell leaves it
     as it is there: `"hydra.run.dir='/tmp/a=b'"`, not shlex's `'hydra.run.dir='"'"'/tmp/a=b'"'"''`."""
     return " ".join(f'"{a}"' if "'" in a and not set(a) & set('"$`\\!') else shlex.quote(a) for a in arguments)
+
+
+def slurm_job_id() -> str | None:
+    """This process's SLURM job as submitit, sacct and the launcher's `jobs.json` name it
+    (`<array job>_<task>` for a task of a job array), or None outside SLURM."""
+    job, array, task = (os.environ.get(k) for k in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"))
+    return f"{array}_{task}" if array and task else job
+
+
+def slurm_job_state(job_id: str) -> str | None:
+    """sacct's state of the job (`CANCELLED by 0`, `PREEMPTED`, `REQUEUED`, `RUNNING`, ...), or
+    None where sacct cannot say (no accounting, no sacct on the node)."""
+    command = ["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "State"]
+    try:
+        out = subprocess.run(command, capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.strip().splitlines()[-1] if out.strip() else None
+
+
+class SlurmCancelled(SystemExit):
+    """SLURM cancelled this job (`scancel`): the checkpoint is written and the process exits with
+    ``PREEMPTED_EXIT_CODE``; `hydra_task` records the cell as failed, with why and where."""
+
+    def __init__(self, *, job_id: str, state: str, step: int | None) -> None:
+        super().__init__(PREEMPTED_EXIT_CODE)
+        self.job_id, self.state, self.step = job_id, state, step
+
+    @property
+    def reason(self) -> str:
+        at = f" at step {self.step}" if self.step is not None else ""
+        return f"cancelled: SLURM job {self.job_id} {self.state} (scancel){at}, checkpoint written"
 
 
 class PreemptionGuard:
@@ -96,17 +132,27 @@ class PreemptionGuard:
             flag = bool(tensor.item())
         return flag
 
-    def requeue_or_exit(self, continue_command: str = "the same command") -> None:
-        """Call after the checkpoint is written: after SIGUSR2 alone, submitit's handler
-        requeues the job; otherwise (no submitit, SIGINT, or SIGTERM: with SIGUSR2 too, a
+    def requeue_or_exit(self, continue_command: str = "the same command", *, step: int | None = None) -> None:
+        """Call after the checkpoint (of `step`) is written: after SIGUSR2 alone, submitit's
+        handler requeues the job; otherwise (no submitit, SIGINT, or SIGTERM: with SIGUSR2 too, a
         preemption SLURM requeues itself) the process exits with ``PREEMPTED_EXIT_CODE``,
-        printing the command that continues the run. Does not return."""
+        printing the command that continues the run; a SLURM job that SIGTERM came to because it
+        was cancelled raises ``SlurmCancelled``, saying so. Does not return."""
         received, arrived, usr2_handler = self.received, self._arrived, self._previous.get(signal.SIGUSR2)
         terminated = signal.SIGTERM in arrived
         self.close()
         if received == signal.SIGUSR2 and callable(usr2_handler) and not terminated:
             log.warning("preempted: checkpoint written, handing over to the requeue handler")
             usr2_handler(signal.SIGUSR2, None)
+        # SLURM sends a cancel, a preemption and a requeue the same SIGTERM; only its accounting knows which.
+        if (
+            terminated
+            and (job_id := slurm_job_id())
+            and (state := slurm_job_state(job_id) or "").startswith("CANCELLED")
+        ):
+            cancelled = SlurmCancelled(job_id=job_id, state=state, step=step)
+            print(f"{cancelled.reason}; continue with: {continue_command}", file=sys.stderr, flush=True)
+            raise cancelled
         name = " and ".join(signal.Signals(s).name for s in arrived) if arrived else "another process's signal"
         print(f"stopped by {name}: checkpoint written; continue with: {continue_command}", file=sys.stderr)
         sys.exit(PREEMPTED_EXIT_CODE)

@@ -321,7 +321,7 @@ class RunLogger:
                 continue
             numbers = {k: v for k, v in record.items() if k not in ("step", "time") and _is_number(v)}
             if numbers and record.get("wandb", True):
-                self._wandb.log(numbers, step=record["step"])
+                self._to_wandb("log", numbers, step=record["step"])
             for key in [k.removesuffix("_counts") for k in record if k.endswith("_counts")]:
                 if f"{key}_edges" in record:
                     self.log_histogram(key, record[f"{key}_counts"], record[f"{key}_edges"], step=record["step"])
@@ -336,14 +336,29 @@ class RunLogger:
         self._metrics.flush()
         if self._wandb is not None and to_wandb:
             numbers = {k: v for k, v in record.items() if k not in ("step", "time") and _is_number(v)}
-            self._wandb.log(numbers, step=step)
+            self._to_wandb("log", numbers, step=step)
+
+    def _to_wandb(self, method: str, *args: Any, **kwargs: Any) -> None:
+        """The W&B run's `method` (dotted: `summary.update`) with these arguments; where its service
+        process is gone (`_service_ended`), the run goes on without W&B."""
+        if self._wandb is None:
+            return
+        target = self._wandb
+        for name in method.split("."):
+            target = getattr(target, name)
+        try:
+            target(*args, **kwargs)
+        except OSError:  # the socket to wandb-core: reset, broken pipe
+            self._wandb = None
+            self._service_ended()
 
     def log_histogram(self, key: str, counts: Any, edges: Any, *, step: int) -> None:
         """A histogram for W&B (the JSONL file keeps counts and edges where the caller logs them)."""
         if self._wandb is not None:
             import wandb
 
-            self._wandb.log({key: wandb.Histogram(np_histogram=(np.asarray(counts), np.asarray(edges)))}, step=step)
+            histogram = wandb.Histogram(np_histogram=(np.asarray(counts), np.asarray(edges)))
+            self._to_wandb("log", {key: histogram}, step=step)
 
     def log_table(
         self, key: str, rows: list[Mapping[str, Any]], *, step: int, plot: tuple[str, str, str] | None = None
@@ -360,7 +375,7 @@ class RunLogger:
         if plot is not None:
             x, y, title = plot
             entries[f"{key}_plot"] = wandb.plot.line(table, x, y, title=title)
-        self._wandb.log(entries, step=step)
+        self._to_wandb("log", entries, step=step)
 
     def checkpoint(self, path: str | os.PathLike, *, step: int) -> None:
         """Mark the checkpoint of `step` (the resume point in the log). Call it just before
@@ -393,14 +408,14 @@ class RunLogger:
         if self._wandb is not None:
             import wandb
 
-            self._wandb.summary.update(data)
             artifact = wandb.Artifact(
                 f"results-{self._wandb.id}", type="results", description="summary.json and tables"
             )
             for name in (SUMMARY_FILE, *files):
                 if (self.run_dir / name).is_file():
                     artifact.add_file(str(self.run_dir / name))
-            self._wandb.log_artifact(artifact)
+            self._to_wandb("summary.update", data)
+            self._to_wandb("log_artifact", artifact)
         return data
 
     def close(self, *, exit_code: int = 0) -> None:
@@ -408,7 +423,31 @@ class RunLogger:
             return
         self._metrics.close()
         if self._wandb is not None:
-            self._wandb.finish(exit_code=exit_code)
+            self._to_wandb("finish", exit_code=exit_code)
+            if self._wandb is None:  # its service process was gone
+                return
             self._wandb = None
             if self.offline_dir is not None:
                 print(f"W&B offline run: upload it with `wandb sync {self.offline_dir}`", flush=True)
+
+    def _service_ended(self) -> None:
+        """W&B's service process (wandb-core, a child of this one) ended before the run finished:
+        SLURM signals every process of a job on scancel and preemption, and wandb-core exits on
+        SIGTERM at once. What it had not written is lost to W&B; the JSONL log has it all. Its
+        connection is torn down here, so wandb's exit hook does not print a traceback at exit and
+        a later run in this process starts a new service."""
+        import wandb
+
+        with contextlib.suppress(OSError):
+            wandb.teardown()
+        after = (
+            "the continued run replays the whole log into a new offline folder"
+            if self.offline_dir is not None
+            else "the continued run goes on logging it"
+        )
+        print(
+            f"W&B: its service process ended before this run's W&B record was closed (SLURM signals every "
+            f"process of a job); {METRICS_FILE} holds every step, and {after}",
+            file=sys.stderr,
+            flush=True,
+        )

@@ -62,7 +62,13 @@ from horst_sparse.training.distributed import (
 )
 from horst_sparse.training.env import autocast_dtype, device_type, seed_everything, select_device
 from horst_sparse.training.no_effect import NO_EFFECT
-from horst_sparse.training.preemption import PreemptionGuard, command_line, hydra_override
+from horst_sparse.training.preemption import (
+    PreemptionGuard,
+    SlurmCancelled,
+    command_line,
+    hydra_override,
+    slurm_job_id,
+)
 from horst_sparse.training.run_log import (
     CONFIG_FILE,
     FAILED_FILE,
@@ -457,7 +463,7 @@ class Run:
                 f"`wandb sync {command_line([str(offline.parent)])}/offline-run-*-{run_id}` uploads whichever is there",
                 flush=True,
             )
-        self.preemption.requeue_or_exit(continue_command=_sweep_command or self.continue_command)
+        self.preemption.requeue_or_exit(continue_command=_sweep_command or self.continue_command, step=step)
 
     def finish(self, summary: Mapping[str, Any], *, files: tuple[str, ...] = ()) -> dict[str, Any]:
         """Write `summary.json` (a W&B artifact with the run folder's `files`), then `close`;
@@ -540,6 +546,8 @@ class RunCallbacks(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         global _sweep_command
         _sweep_command = None
+        if not config.hydra.launcher.get("wait", True):
+            return  # the cells are only queued (a failed.json here is an earlier try's): horst-sweep-status follows them
         failed = sorted(Path(config.hydra.sweep.dir).glob(f"*/{FAILED_FILE}"))
         for path in failed:
             record = json.loads(path.read_text())
@@ -628,9 +636,18 @@ def finished_summary(run_dir: Path, config: Mapping[str, Any]) -> dict | None:
 
 
 def _record_failure(
-    run_dir: Path, cfg: DictConfig, overrides: Sequence[str], *, reason: str, exit_code: int, step: int | None
+    run_dir: Path,
+    cfg: DictConfig,
+    overrides: Sequence[str],
+    *,
+    reason: str,
+    exit_code: int,
+    step: int | None,
+    **extra: Any,
 ) -> dict:
-    """`record_failed_cell` for a task that `hydra_task` ran with `cfg` and the command-line `overrides`."""
+    """`record_failed_cell` for a task that `hydra_task` ran with `cfg` and the command-line `overrides`;
+    in a SLURM job it names the job, so that a record of an earlier try is told from this one's."""
+    job = {"slurm_job_id": job_id} if (job_id := slurm_job_id()) else {}
     return record_failed_cell(
         run_dir,
         pipeline=cfg.pipeline,
@@ -640,6 +657,8 @@ def _record_failure(
         config=OmegaConf.to_container(cfg, resolve=True),
         overrides=list(overrides),
         environment=environment(),  # where it failed: a diverged run's machine is part of its outcome
+        **job,
+        **extra,
     )
 
 
@@ -675,6 +694,19 @@ def hydra_task(task: Callable[..., dict], cfg: DictConfig) -> dict | None:
         with labelled_output(f"{cfg.pipeline} {hydra_cfg.sweep.subdir}") if multirun else contextlib.nullcontext():
             seconds_per_step()  # the test suite's knob set outside it: one line before anything starts
             return task(cfg, run_dir=run_dir)
+    except SlurmCancelled as cancelled:  # checkpointed and ends; the cell is failed until the sweep continues it
+        exit_code = cancelled.code
+        if multirun:
+            _record_failure(
+                run_dir,
+                cfg,
+                hydra_cfg.overrides.task,
+                reason=cancelled.reason,
+                exit_code=exit_code,
+                step=cancelled.step,
+                slurm_state=cancelled.state,
+            )
+        raise
     except RunError as error:
         reason, exit_code, step = str(error), error.exit_code, getattr(error, "step", None)
         if "Original Traceback" in reason:  # re-raised from a DataLoader worker: the original message

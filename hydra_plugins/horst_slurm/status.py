@@ -7,12 +7,18 @@ the finished ones into tables. SLURM's states, mapped beside the launcher that s
 
 It reads `<sweep>/jobs.json` (each cell's SLURM job and run folder, written by the SLURM
 launcher when it submits; hydra_plugins/horst_slurm), the run folders (`summary.json`: done;
-`failed.json`: failed, with its reason, and below it the last checkpoint and the line that
-continues the run where the record names them) and, for the other cells, SLURM's state through
+the `failed.json` of the cell's job: failed, with its reason, and below it the last checkpoint
+and the line that continues that cell alone, on this machine, where the record names them) and,
+for the other cells (a record of an earlier try of a cell submitted again among them), SLURM's state through
 submitit (one `sacct` call) and a pending job's reason (one `squeue` call: Resources, Priority,
 or PartitionConfig, a job that asks more than the partition's nodes have and never starts). A
 cell that SLURM ended (cancelled, out of memory, node failure, time-out) gets its `failed.json`
 here, as the launcher writes it when it waits, so that the tables list it among the failed runs.
+
+Once no cell is pending or running and some failed, it prints the line that continues the whole
+sweep: the command it was submitted with (`jobs.json`, else Hydra's `multirun.yaml`) in its
+folder, through the same launcher; its finished cells get no job, the others continue from
+their checkpoints.
 
 Exit status: 3 while some cells are pending or running, else 1 if any failed, else 0.
 """
@@ -28,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from horst_sparse.training.run_log import FAILED_FILE, METRICS_FILE, SUMMARY_FILE
-from hydra_plugins.horst_slurm.slurm_launcher import JOBS_FILE
+from hydra_plugins.horst_slurm.slurm_launcher import JOBS_FILE, job_record
 
 # SLURM states of a job that will still run (PREEMPTED: on its way back to the queue when requeued).
 QUEUED = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "CONFIGURING", "PREEMPTED", "UNKNOWN"}
@@ -82,8 +88,8 @@ def resume_notes(record: dict[str, Any]) -> list[str]:
     command = record.get("continue")
     if isinstance(command, (list, tuple)):
         command = shlex.join(map(str, command))
-    if command:
-        notes.append(f"continue: {command}")
+    if command:  # the sweep's line goes through SLURM (`continue_sweep`); this one runs here
+        notes.append(f"continue this cell alone, on this machine: {command}")
     return notes
 
 
@@ -98,21 +104,19 @@ def cell_states(sweep_dir: Path) -> list[dict]:
     jobs = {
         c["slurm_job_id"]: submitit.SlurmJob(folder=manifest["submitit_folder"], job_id=c["slurm_job_id"])
         for c in cells
+        if c["slurm_job_id"]  # None: finished before the submission that listed it
     }
-    rows = []
+    rows, ended = [], {}
     for cell in cells:
         run_dir, job_id = Path(cell["run_dir"]), cell["slurm_job_id"]
         notes: list[str] = []
         if (run_dir / SUMMARY_FILE).exists():
             state, detail = "done", ""
-        elif (run_dir / FAILED_FILE).exists():
-            try:  # written by other code, at other versions: read what is there
-                record = json.loads((run_dir / FAILED_FILE).read_text())
-            except (OSError, ValueError):
-                record = {}
-            record = record if isinstance(record, dict) else {}
-            state, detail = "failed", str(record.get("reason", f"(no reason readable in its {FAILED_FILE})"))
+        elif record := job_record(run_dir, job_id):
+            state, detail = "failed", str(record.get("reason", f"(no reason in its {FAILED_FILE})"))
             notes = resume_notes(record)
+        elif job_id is None:
+            state, detail = "failed", f"no job and no {SUMMARY_FILE}: continuing the sweep submits it"
         else:
             slurm_state = jobs[job_id].state  # e.g. "RUNNING", "CANCELLED by 0", "OUT_OF_MEMORY"
             name = slurm_state.split()[0]
@@ -124,14 +128,28 @@ def cell_states(sweep_dir: Path) -> list[dict]:
                     "running",
                     f"SLURM job {job_id}" + (f", at step {step}" if step is not None else ", starting"),
                 )
-            else:  # ended without a summary: SLURM ended it, or it died outside Python's reach
+            else:  # ended, as far as sacct says: SLURM ended it, or it died outside Python's reach
+                state, detail = "ended", slurm_state
+                ended[job_id] = cell
+        rows.append({"num": cell["num"], "state": state, "detail": detail, "run_dir": str(run_dir), "notes": notes})
+    # One squeue call: why the pending jobs wait (sacct does not say), and which ended ones are still
+    # ending. sacct says CANCELLED from the scancel on, while the run checkpoints and records why it
+    # stopped (squeue: COMPLETING); a record written before it is done would be overwritten by its own.
+    by_job = {cell["slurm_job_id"]: row for cell, row in zip(cells, rows) if row["state"] in ("pending", "ended")}
+    listed = pending_reasons(list(by_job))
+    for job_id, row in by_job.items():
+        if row["state"] == "ended" and job_id in listed:
+            row["state"], row["detail"] = "running", f"SLURM job {job_id} {row['detail']}, ending ({listed[job_id][0]})"
+        elif row["state"] == "ended":
+            run_dir, slurm_state = Path(row["run_dir"]), row["detail"]
+            if not (record := job_record(run_dir, job_id)):  # the run ended without recording why
                 from horst_sparse.training.runner import record_failed_cell  # torch and all: only when needed
 
-                state, detail = "failed", f"SLURM job {job_id} ended {slurm_state} without a summary"
+                cell = ended[job_id]
                 record = record_failed_cell(
                     run_dir,
                     pipeline=manifest["pipeline"],
-                    reason=detail,
+                    reason=f"SLURM job {job_id} ended {slurm_state} without a summary",
                     exit_code=None,
                     step=None,
                     config=cell["config"],
@@ -139,19 +157,34 @@ def cell_states(sweep_dir: Path) -> list[dict]:
                     slurm_job_id=job_id,
                     slurm_state=slurm_state,
                 )
-                notes = resume_notes(record)
-        rows.append({"num": cell["num"], "state": state, "detail": detail, "run_dir": str(run_dir), "notes": notes})
-    # Why the pending jobs wait: one squeue call for them all (sacct does not say).
-    waiting = {cells[i]["slurm_job_id"]: row for i, row in enumerate(rows) if row["state"] == "pending"}
-    for job_id, (slurm_state, reason) in pending_reasons(list(waiting)).items():
-        if job_id in waiting:
-            waiting[job_id]["detail"] = f"SLURM job {job_id} {slurm_state} ({reason})"
+            row["state"], row["detail"] = "failed", str(record.get("reason", f"(no reason in its {FAILED_FILE})"))
+            row["notes"] = resume_notes(record)
+        elif job_id in listed:
+            slurm_state, reason = listed[job_id]
+            row["detail"] = f"SLURM job {job_id} {slurm_state} ({reason})"
             if reason in NEVER_STARTS:
-                waiting[job_id]["notes"].append(
+                row["notes"].append(
                     f"it will not start: it asks more than the partition's nodes have or allow; `scancel {job_id}` "
                     "and submit it again with less (horst-plan prints what each job asks)"
                 )
     return rows
+
+
+def continue_sweep(sweep_dir: Path) -> str | None:
+    """The line that continues the sweep in `sweep_dir`: what the launcher recorded in
+    `jobs.json`, else (a sweep submitted before it did) the one Hydra's `multirun.yaml` gives,
+    in this folder; None without either."""
+    recorded = json.loads((sweep_dir / JOBS_FILE).read_text()).get("command")
+    if recorded or not (sweep_dir / "multirun.yaml").is_file():
+        return recorded
+    from omegaconf import OmegaConf, open_dict
+
+    from horst_sparse.training.runner import sweep_command
+
+    config = OmegaConf.load(sweep_dir / "multirun.yaml")
+    with open_dict(config):  # saved unresolved: a `${now:...}` folder would be resolved anew
+        config.hydra.sweep.dir = str(sweep_dir)
+    return sweep_command(config)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -175,6 +208,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"    {note}")
     counts = {s: sum(r["state"] == s for r in rows) for s in ("done", "failed", "running", "pending")}
     print(", ".join(f"{n} {s}" for s, n in counts.items()) + f" of {len(rows)} cells")
+    if counts["failed"] and (counts["running"] or counts["pending"]):
+        # Submitted now, a running cell would get a second job, refused its locked run folder.
+        print("the line that continues the sweep comes here once no cell is pending or running")
+    elif counts["failed"] and (line := continue_sweep(args.sweep_dir)):
+        print(f"continue the sweep (its finished cells are kept) with: {line}")
     if args.tables:
         from horst_sparse.analysis.report import tables_main
 
