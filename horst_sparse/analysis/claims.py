@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from horst_sparse.analysis.matched import final_numbers, matched_gains
 from horst_sparse.analysis.stats import (
     detectable_effect,
     holm,
@@ -143,7 +144,23 @@ def _margin(spec: dict[str, Any], log: bool, sign: int) -> tuple[float, float, s
     return margin, shift, f", {'at least' if sign > 0 else 'at most'} {text}"
 
 
-def _endpoints(rules: dict[str, Any], claim: dict[str, Any], frame: pd.DataFrame) -> list[dict[str, Any]]:
+def _matched(spec: dict[str, Any], log: bool) -> bool:
+    """Whether the endpoint compares at matched dense quality (`matched: dense`,
+    horst_sparse.analysis.matched): an `at` endpoint of a ratio's metric."""
+    if "matched" not in spec:
+        return False
+    if spec["matched"] != "dense" or "at" not in spec or not log:
+        raise ValueError(
+            f"{spec['first']} vs {spec['second']} on {spec['metric']}: `matched: dense` is the only matching, "
+            "for an `at` endpoint of a ratio (perplexity)"
+        )
+    return True
+
+
+def _endpoints(
+    rules: dict[str, Any], claim: dict[str, Any], frame: pd.DataFrame, everything: pd.DataFrame
+) -> list[dict[str, Any]]:
+    """`frame`: the final numbers; `everything`: with the curve points (the matched endpoints read them)."""
     rows = []
     for spec in claim["endpoints"]:
         metric = rules["metrics"][spec["metric"]]
@@ -171,7 +188,22 @@ def _endpoints(rules: dict[str, Any], claim: dict[str, Any], frame: pd.DataFrame
             sign=sign,
         )
         worst = rules.get("divergence") == "worst"  # the primary test counts diverged runs (judge)
-        if "at" in spec:
+        if _matched(spec, log):
+            with_dense = pd.concat([rows_of_metric, _rows(frame, claim["pipeline"], spec["metric"], "none", "dense")])
+            for s in spec["at"]:
+                m = matched_gains(everything, claim["pipeline"], *arms, float(s), metric=spec["metric"], **cells)
+                rows.append(
+                    {
+                        **base,
+                        "endpoint": f"{named}{spec['first']}{operator}{spec['second']} at {pct(s)}, "
+                        f"matched dense perplexity{bound}",
+                        "gains": m.gains,
+                        **({"counted": counted_gains(runs, m.gains, *arms, sign=sign)} if worst else {}),
+                        "unpaired": unpaired(runs, with_dense, arms, [0.0, float(s)]),
+                        "not_comparable": m.words(*arms),
+                    }
+                )
+        elif "at" in spec:
             for s in spec["at"]:
                 gains = paired_gains(table, spec["first"], spec["second"], float(s), log=log)
                 rows.append(
@@ -222,7 +254,10 @@ def _outcome(n: int, p_holm: float, alpha: float, beyond: float) -> str:
 def judge(frame: pd.DataFrame, rules: dict[str, Any]) -> pd.DataFrame:
     """One row per endpoint: its estimate, interval, p, Holm-adjusted p, outcome, detectable effect,
     and the sign-flip test's p, Holm-adjusted p and outcome (the sensitivity analysis).
-    `frame` holds one study's runs of one split (the caller chooses: `rules["split"]`).
+    `frame` holds one study's runs of one split (the caller chooses: `rules["split"]`), their curve
+    points too where they measured them: an endpoint with `matched: dense` compares the first arm's
+    final pruned perplexity with the second's at the same dense perplexity, on the same seed's curve
+    (horst_sparse.analysis.matched); the seeds outside that curve are not comparable (`not_comparable`).
 
     Under `divergence: worst` the primary test counts every seed both arms ran, a diverged run as
     its arm's worst outcome (`counted_gains`): the exact signed-rank test, the median gain and its
@@ -230,9 +265,10 @@ def judge(frame: pd.DataFrame, rules: dict[str, Any]) -> pd.DataFrame:
     as the complete-case sensitivity analysis (columns `*_complete`)."""
     confidence, power = rules["confidence"], rules["power"]
     alpha = 1 - confidence
+    everything, frame = frame, final_numbers(frame)
     rows = []
     for claim in rules["claims"]:
-        family = _endpoints(rules, claim, frame)
+        family = _endpoints(rules, claim, frame, everything)
         gains = [e.pop("gains").to_numpy() for e in family]
         shifts = [e.pop("shift") for e in family]
         intervals = [paired_interval(g, confidence) for g in gains]  # the gains themselves, not shifted
@@ -304,6 +340,7 @@ def divergence_rates(frame: pd.DataFrame, rules: dict[str, Any]) -> pd.DataFrame
         for e in claim["endpoints"]
         for arm in (e["first"], e["second"])
     )
+    frame = final_numbers(frame)  # a run diverged where one of its final numbers is not finite
     rows = []
     for pipeline, arm in arms:
         runs = frame[(frame.pipeline == pipeline) & (frame.arm == arm)]

@@ -15,9 +15,10 @@ import numpy as np
 import pandas as pd
 
 from horst_sparse.analysis.claims import pct
+from horst_sparse.analysis.matched import STEP, curves
 from horst_sparse.analysis.runs import weight_histogram
 from horst_sparse.analysis.stats import paired_interval
-from horst_sparse.analysis.tables import SETTING_GROUP, arm_color, order, settings
+from horst_sparse.analysis.tables import ARM_ORDER, SETTING_GROUP, arm_color, order, settings
 
 MARKERS = "osD^vP*Xh"
 DPI = 130  # the figures' resolution: also the one their text is fitted at (_fit_in_canvas)
@@ -288,3 +289,76 @@ def weight_figure(
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return notes, used
+
+
+def _plain_log_x(ax, values: pd.Series) -> None:
+    """The x axis on a log scale with plain numbers, as `_plain_log_axis` the y axis."""
+    from matplotlib.ticker import LogLocator, NullLocator
+
+    finite = values[np.isfinite(values)]
+    ax.set_xscale("log")
+    ax.set_xlim(finite.min() / 1.05, finite.max() * 1.05)
+    ax.xaxis.set_major_locator(LogLocator(subs=(1, 1.5, 2, 3, 5, 7)))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(lambda v, _: f"{v:g}")
+
+
+def matched_figure(
+    frame: pd.DataFrame,
+    path: Path,
+    *,
+    pipeline: str,
+    reference: str,
+    arms: list[str],
+    sparsities: list[float],
+    cells: dict[str, Any],
+    title: str,
+) -> None:
+    """What the endpoints at matched dense perplexity read (horst_sparse.analysis.matched): a panel
+    per sparsity of the pruned against the dense perplexity, both on log axes, over training: the
+    `reference` arm's curve of every seed (the endpoint interpolates on it), its final model ringed;
+    each other arm's final models as points, with its curve as the geometric mean over its seeds at
+    each measured step; the diagonal: pruning lost nothing."""
+    plt = _pyplot()
+    data = curves(frame, pipeline, metric=cells["metric"], method=cells["method"], pattern=cells["pattern"])
+    data = data[data.arm.isin(arms) & np.isfinite(data.dense) & np.isfinite(data.pruned)]
+    arms = sorted(arms, key=lambda a: (ARM_ORDER.index(a) if a in ARM_ORDER else len(ARM_ORDER), arms.index(a)))
+    fig, axes = plt.subplots(
+        1, len(sparsities), figsize=(6 * len(sparsities), 4.8), dpi=DPI, squeeze=False, layout="constrained"
+    )
+    for ax, sparsity in zip(axes[0], sparsities):
+        panel = data[np.isclose(data.sparsity, sparsity)]
+        for k, arm in enumerate(arms):
+            mine, color = panel[panel.arm == arm], arm_color(arm, arms)
+            final = mine[mine[STEP].isna()]
+            seeds = mine.seed.nunique()
+            if arm == reference:
+                for i, (_, run) in enumerate(mine.groupby("seed")):
+                    label = f"{arm}: each seed's curve ({seeds} seed{'s' * (seeds > 1)})" if i == 0 else None
+                    ax.plot(run.dense, run.pruned, "-", marker=".", ms=3, lw=0.8, alpha=0.5, color=color, label=label)
+                ax.scatter(final.dense, final.pruned, s=30, facecolors="none", edgecolors=color, linewidths=1)
+                continue
+            logs = mine.assign(dense=np.log(mine.dense), pruned=np.log(mine.pruned), _final=mine[STEP].isna())
+            mean = np.exp(logs.groupby(["_final", STEP], dropna=False)[["dense", "pruned"]].mean())
+            marker = MARKERS[k % len(MARKERS)]
+            label = f"{arm}: mean curve of {seeds} seeds"
+            ax.plot(mean.dense, mean.pruned, "-", marker=marker, ms=3, lw=1.5, color=color, label=label)
+            ax.scatter(final.dense, final.pruned, s=18, marker=marker, alpha=0.7, color=color, linewidths=0)
+        ax.scatter([], [], s=30, facecolors="none", edgecolors="grey", label="final models (other arms: filled)")
+        _plain_log_x(ax, panel.dense)
+        _plain_log_axis(ax, panel.pruned)
+        low, high = min(ax.get_xlim()[0], ax.get_ylim()[0]), max(ax.get_xlim()[1], ax.get_ylim()[1])
+        ax.plot([low, high], [low, high], ":", color="black", lw=0.8, scalex=False, scaley=False, label="no loss")
+        ax.set_xlabel("dense perplexity (log scale; training goes right to left)")
+        ax.set_ylabel(f"perplexity after {cells['method']} pruning to {pct(sparsity)} (log)")
+        ax.set_title(f"{pct(sparsity)} sparsity", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(ncols=2, **LEGEND)
+    words = (
+        f"{reference}: every seed's curve, the matched endpoint's reference; other arms: their seeds' final "
+        "models and their mean curve"
+    )
+    fig.suptitle("\n".join(textwrap.fill(line, 80 * len(sparsities)) for line in [title, words]), fontsize=10)
+    _fit_in_canvas(fig, legend_columns=2)
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)

@@ -18,6 +18,11 @@ runs with one signature are the seeds of one cell), `metric` (`top1` in %, `ppl`
 record rows have none) and where the run recorded them, the machine it ran on: `host`, `cpu` and
 `cpu_threads` (torch's intra-op threads).
 
+A row with a `step` is a point of a curve measured during training (GPT-2's `prune.at_steps`: metric
+`ppl_curve`, each pruned copy of the model as it was after `step` updates), not one of the run's final
+numbers, which have none: horst_sparse.analysis.matched's `final_numbers` and `curve_points` keep them apart. The frame and the record
+have the column where a run measured a curve.
+
 A folder with `config.yaml` alone is unfinished (running, killed or preempted) unless its log shows a
 non-finite loss; tuning trials (`tuning_trial`) are left out unless asked for.
 """
@@ -37,6 +42,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from horst_sparse.analysis.matched import STEP, curve_points
 from horst_sparse.analysis.tables import write_csv
 from horst_sparse.paths import CONFIGS
 from horst_sparse.training.no_effect import no_effect
@@ -91,6 +97,11 @@ PROTOCOL_COLUMNS = ["protocol", "protocol_hash"]
 
 class NoRunsError(RuntimeError):
     pass
+
+
+def _with_step(keys: list[str], frame: pd.DataFrame) -> list[str]:
+    """`keys` and, where the frame has curve points, their step: a number's identity."""
+    return [*keys, STEP] if STEP in frame else keys
 
 
 def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -410,7 +421,8 @@ def results(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     finished = frame.get("status", pd.Series("done", index=frame.index)).fillna("done") == "done"
     checked = frame.assign(_finished=finished)[frame["signature"] != UNRECORDED]
     ranked = checked.sort_values(["_finished", "run"], kind="stable")
-    newest = ranked.drop_duplicates(REPLICATE, keep="last")
+    replicate = _with_step(REPLICATE, frame)
+    newest = ranked.drop_duplicates(replicate, keep="last")
     superseded = ranked.drop(newest.index)
     notes = sorted(
         {
@@ -418,7 +430,7 @@ def results(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
             for row, kept in zip(
                 superseded.itertuples(),
                 superseded.merge(
-                    newest[[*REPLICATE, "run"]], on=REPLICATE, how="left", suffixes=("", "_kept")
+                    newest[[*replicate, "run"]], on=replicate, how="left", suffixes=("", "_kept")
                 ).run_kept,
             )
         }
@@ -429,9 +441,12 @@ def results(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
 def write_record(frame: pd.DataFrame, path: Path) -> None:
     """The study's record: the frame without its config columns, one line per run x number."""
     versioned = [c for c in PROTOCOL_COLUMNS if c in frame]
-    columns = versioned + RECORD_COLUMNS + [c for c in MACHINE_COLUMNS if c in frame]
-    order = versioned[:1] + ["pipeline", "arm", "sparsity", "seed", "metric", "method", "pattern"]
+    step = [] if curve_points(frame).empty else [STEP]  # beside the number's other keys
+    at = RECORD_COLUMNS.index("sparsity") + 1
+    columns = versioned + RECORD_COLUMNS[:at] + step + RECORD_COLUMNS[at:] + [c for c in MACHINE_COLUMNS if c in frame]
+    order = versioned[:1] + ["pipeline", "arm", "sparsity", "seed", "metric", "method", "pattern"] + step
     frame = frame.assign(protocol=frame["protocol"].astype("Int64")) if versioned else frame
+    frame = frame.assign(step=frame[STEP].astype("Int64")) if step else frame
     write_csv(frame[columns].sort_values(order, kind="stable"), path)
 
 
@@ -444,7 +459,7 @@ def read_record(paths: Iterable[str | Path]) -> pd.DataFrame:
     frame = pd.concat(frames, ignore_index=True)
     # a run id names one run of one protocol version: two versions may reuse a folder name
     frame = frame.drop_duplicates(
-        [c for c in ("protocol", "run", "metric", "method", "pattern", "sparsity") if c in frame]
+        [c for c in ("protocol", "run", "metric", "method", "pattern", "sparsity", STEP) if c in frame]
     )
     missing = [c for c in RECORD_COLUMNS if c not in frame]
     if missing:

@@ -81,6 +81,7 @@ class OneShotPruneConfig:
     patterns: List[str] = MISSING  # unstructured | "n:m" such as "2:4" (one row at sparsity 1 - n/m)
     calibration_windows: int = MISSING  # Wanda: random training windows of model.n_positions tokens
     calibration_seed: int = MISSING  # the generator of those windows
+    at_steps: List[int] = MISSING  # updates at which every row is also measured during training (the curve); [] none
 
 
 @dataclasses.dataclass
@@ -168,6 +169,16 @@ def validate(cfg: DictConfig, *, world_size: int) -> None:
         len(cfg.prune.sparsities) > 0, "prune.sparsities is empty; list at least one (0.0 evaluates the dense model)"
     )
     validate_sparsities(cfg.prune.sparsities, key="prune.sparsities")
+    at = list(cfg.prune.at_steps)
+    require(
+        all(0 < s < t.max_steps for s in at) and at == sorted(set(at)),
+        f"prune.at_steps={at} must be increasing updates in [1, train.max_steps={t.max_steps}) "
+        "(the final model is measured anyway)",
+    )
+    require(
+        not at or 0.0 in cfg.prune.sparsities,
+        "prune.at_steps pairs each pruned perplexity with the dense model's: list 0.0 in prune.sparsities",
+    )
     require(
         cfg.prune.scope in ("layerwise", "global"),
         f"prune.scope={cfg.prune.scope!r} is unknown; use layerwise or global",

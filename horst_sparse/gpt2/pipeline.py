@@ -24,28 +24,28 @@ def check_data(cfg: Any) -> None:
             load_split(cfg.data.dir, split, prepare_command=PREPARE_SLIMPAJAMA.format(dir=cfg.data.dir))
 
 
+def _number(r: Mapping[str, Any], metric: str) -> dict[str, Any]:
+    dense = float(r["sparsity"]) == 0.0 or r.get("pattern") == "dense"
+    return {
+        "metric": metric,
+        "method": "none" if dense else r.get("method", "magnitude"),
+        "pattern": "dense" if dense else r.get("pattern", "unstructured"),
+        "sparsity": float(r["sparsity"]),
+        "value": r.get("ppl"),
+    }
+
+
 def numbers(config: Mapping[str, Any], summary: Mapping[str, Any] | None) -> list[dict[str, Any]]:
     """Perplexity of the dense model and after each one-shot pruning the run evaluated (a failed
-    run: magnitude pruning at its sparsities, as planned)."""
+    run: magnitude pruning at its sparsities, as planned); with prune.at_steps also each of those
+    during training, as `ppl_curve` at its `step` (horst_sparse.analysis.runs: a curve point)."""
     if summary is None:
         results = [
             {"sparsity": s, "method": "magnitude", "pattern": "unstructured"} for s in config["prune"]["sparsities"]
         ]
-    else:
-        results = summary["pruning"]["results"]
-    rows = []
-    for r in results:
-        dense = float(r["sparsity"]) == 0.0 or r.get("pattern") == "dense"
-        rows.append(
-            {
-                "metric": "ppl",
-                "method": "none" if dense else r.get("method", "magnitude"),
-                "pattern": "dense" if dense else r.get("pattern", "unstructured"),
-                "sparsity": float(r["sparsity"]),
-                "value": r.get("ppl"),
-            }
-        )
-    return rows
+        return [_number(r, "ppl") for r in results]
+    curve = [{**_number(r, "ppl_curve"), "step": r["step"]} for r in summary["pruning"].get("curve", [])]
+    return [_number(r, "ppl") for r in summary["pruning"]["results"]] + curve
 
 
 def pruned_perplexity(summary: Mapping[str, Any]) -> float:

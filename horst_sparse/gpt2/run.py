@@ -19,15 +19,17 @@ from horst_sparse.gpt2.data import RandomWindows, check_run_vocabulary, load_dat
 from horst_sparse.gpt2.evaluate import evaluate_lm, one_shot_pruning, perplexity_table
 from horst_sparse.gpt2.export import export_gpt2
 from horst_sparse.gpt2.model import VOCAB_MULTIPLE, build_model, flops_per_token, lm_loss, peak_flops
+from horst_sparse.training.checkpoint import CheckpointError
 from horst_sparse.training.distributed import all_reduce_mean, gradient_sync, parallelize, unsharded
 from horst_sparse.training.env import autocast
 from horst_sparse.training.optim import build_optimizer
 from horst_sparse.training.run_log import optimizer_label, progress_bar
-from horst_sparse.training.runner import Run
+from horst_sparse.training.runner import Run, config_differences
 from horst_sparse.training.schedule import build_lr_scheduler
 
 # Besides horst_sparse.training.no_effect.NO_EFFECT, a continued run may change these: they are read only after
 # training (the final evaluation and pruning rerun), so they change what is measured, not what is trained.
+# A run with prune.at_steps reads them during training too: it keeps them (`curve_measured_alike`).
 MAY_CHANGE_ON_RESUME = ("eval_split", "eval", "prune")
 
 
@@ -73,6 +75,23 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
     scheduler = build_lr_scheduler(
         optimizer, total_steps=t.max_steps, warmup_steps=t.warmup_steps, min_lr=t.min_lr, warmup_lr=t.warmup_lr
     )
+
+    def curve_measured_alike(state: dict, path: Path) -> None:
+        """A run with prune.at_steps measures during training what the others read only after it:
+        where the checkpoint's run or this one does, those settings stay as they were."""
+        old = state["config"]
+        if not (old["prune"].get("at_steps") or cfg.prune.at_steps):
+            return
+        differences = config_differences(
+            {k: old.get(k) for k in MAY_CHANGE_ON_RESUME}, {k: r.config[k] for k in MAY_CHANGE_ON_RESUME}
+        )
+        if differences:
+            raise CheckpointError(
+                f"{path} was written by a run that measures its pruned perplexity during training (prune.at_steps) "
+                f"with other settings ({'; '.join(differences)}); rerun with its settings or start a new run folder "
+                "(hydra.run.dir=...) or resume=never"
+            )
+
     state = r.restore(
         model=model,
         optimizer=optimizer,
@@ -80,8 +99,11 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
         generators={"batches": batches.generator},
         lr=t.lr,
         may_change=MAY_CHANGE_ON_RESUME,
+        check=curve_measured_alike,
     )
     step, train_loss = (state["step"], state["train_loss"]) if state else (0, float("nan"))
+    curve = list(state.get("curve", [])) if state else []  # the points of prune.at_steps measured so far
+    at_steps = set(cfg.prune.at_steps)
     step_loss = torch.full((), train_loss, device=device)  # the last update's loss, all-reduced, on the device
 
     accum = t.batch_size // (t.micro_batch_size * dist.world_size)
@@ -101,6 +123,9 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
             world_size=dist.world_size,
             max_windows=max_windows,
         )
+
+    def evaluate_final(m: torch.nn.Module) -> dict:  # every reported perplexity: on eval_split
+        return evaluate(m, max_windows=cfg.eval.max_windows, tokens=eval_tokens)
 
     # ---- training ------------------------------------------------------------------------
     model.train()
@@ -158,10 +183,23 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
             val = evaluate(unsharded(model, build), max_windows=t.eval_windows)
             r.log.log({"val/loss": val["loss"], "val/ppl": val["ppl"]}, step=step)
             bar.write(f"step {step}: val loss {val['loss']:.4f} (ppl {val['ppl']:.2f}, {val['tokens']} tokens)")
+        if step in at_steps:  # a point of the curve: as the final pruning, on copies of the weights
+            points = one_shot_pruning(
+                unsharded(model, build), cfg.prune, evaluate_final, calibration_tokens=train_tokens
+            )
+            curve += [
+                {"step": step, **{k: p[k] for k in ("label", "method", "pattern", "sparsity", "val_loss", "ppl")}}
+                for p in points["results"]
+            ]
+            r.log.log({f"curve/ppl@{p['label']}": p["ppl"] for p in points["results"]}, step=step)
+            bar.write(
+                f"step {step}: {cfg.eval_split} perplexity "
+                + ", ".join(f"{p['label']}: {p['ppl']:.2f}" for p in points["results"])
+            )
         if (t.checkpoint_interval and step % t.checkpoint_interval == 0) or step == t.max_steps:
-            r.save(step=step, train_loss=step_loss.item())
+            r.save(step=step, train_loss=step_loss.item(), curve=curve)
         elif (not dist.enabled or step % max(t.log_interval, 1) == 0) and r.preempted():  # a collective under DDP
-            r.exit_for_requeue(step=step, bar=bar, train_loss=step_loss.item())
+            r.exit_for_requeue(step=step, bar=bar, train_loss=step_loss.item(), curve=curve)
     bar.close()
     model = unsharded(model, build)  # fsdp2: the whole weights, in a plain model on every process
     prunable = pruning.prunable_parameters(model, cfg.prune.preset)
@@ -177,9 +215,6 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
         if r.preempted():
             r.exit_for_requeue(step=step, save=False)
 
-    def evaluate_final(m: torch.nn.Module) -> dict:  # every reported perplexity: on eval_split
-        return evaluate(m, max_windows=cfg.eval.max_windows, tokens=eval_tokens)
-
     evaluation = one_shot_pruning(
         model,
         cfg.prune,
@@ -194,6 +229,8 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
         ),
     )
     evaluation["eval_split"] = cfg.eval_split
+    if cfg.prune.at_steps:
+        evaluation["curve"] = curve  # the rows at each of prune.at_steps; the final model's are `results`
     for p in evaluation["results"]:  # the JSONL record; W&B gets them as one table and a plot
         r.log.log(
             {

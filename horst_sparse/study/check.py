@@ -28,6 +28,7 @@ from typing import Any
 
 import pandas as pd
 
+from horst_sparse.analysis.matched import final_numbers
 from horst_sparse.analysis.runs import read_record, scan
 from horst_sparse.analysis.tables import SIGNIFICANT_DIGITS
 from horst_sparse.paths import REPO
@@ -129,7 +130,7 @@ def check_results(study: str, *, extra: Sequence[str] = (), pipelines: Sequence[
     in that sense, 1 where it does not or there is nothing to compare."""
     from horst_sparse.study.run import _preset, presets_of, run_multiruns, study_jobs
 
-    record = read_record([REPO / "results" / study / "runs.csv"])
+    record = final_numbers(read_record([REPO / "results" / study / "runs.csv"]))  # curve points are not compared
     jobs = [j for j in study_jobs(presets_of(study, pipelines), extra) if j.config.get("arm") == CHECKED_ARM]
     if not jobs:
         print(f"no job of arm {CHECKED_ARM} in the study's presets: nothing to check")
@@ -161,7 +162,7 @@ def check_results(study: str, *, extra: Sequence[str] = (), pipelines: Sequence[
             if side_by_side and not any(o.startswith("hydra/launcher=") for o in extra):
                 line.append(f"hydra.launcher.n_jobs={len(rerun_seeds)}")  # the reruns all at once: one round
             run_multiruns([(cell[0].preset, line)], extra)
-            reruns = scan([scratch]).frame
+            reruns = final_numbers(scan([scratch]).frame)
         unfinished = sorted(set(rerun_seeds) - set(reruns.seed[reruns.status.isin(["done", "diverged"])]))
         if unfinished:
             print(f"the rerun of seed(s) {unfinished} did not finish (neither done nor diverged): no verdict")

@@ -1,0 +1,137 @@
+"""Claim 2 at matched dense quality (horst_sparse.analysis.matched): AdamW's pruned perplexity at an
+arm's dense perplexity, interpolated on the same seed's curve over training (log-log, piecewise
+linear, no extrapolation), and the endpoint `matched: dense` that compares with it through the judge;
+curve points in the record apart from the final numbers."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from PIL import Image
+
+from horst_sparse.analysis import claims, matched, report, runs
+
+RULES = claims.load_rules()
+A, B = {0.5: 0.05, 0.9: 0.8}, {0.5: 1.0, 0.9: 1.2}  # AdamW's pruned ppl: exp(A + B log dense), exactly
+
+
+def line(sparsity: float, dense: float) -> float:
+    return math.exp(A[sparsity] + B[sparsity] * math.log(dense))
+
+
+def study(gains: dict[float, float], *, seeds: int = 6, outside: tuple[int, ...] = (5,)) -> pd.DataFrame:
+    """A GPT-2 record with curves: AdamW's dense perplexity 400, 200, 120 at steps 100-300 and 80 at the
+    end, its pruned one on `line`; HORST's final dense perplexity 100 (60, below AdamW's reach, for the
+    seeds `outside`), its pruned one `line` x exp(gain + a seed's noise), with a curve of its own."""
+    rng = np.random.default_rng(0)
+    rows = []
+
+    def add(arm, seed, step, dense, pruned):
+        common = dict(
+            run=f"gpt2/{arm}/seed{seed}", pipeline="gpt2", data="pydoc", model="gpt2_tiny", arm=arm,
+            optimizer=arm, seed=seed, eval_split="test", git_commit="c" * 40, signature=arm, wall_time_s=1.0,
+            step=step,
+        )  # fmt: skip
+        metric = "ppl" if math.isnan(step) else "ppl_curve"
+        rows.append({**common, "metric": metric, "method": "none", "pattern": "dense", "sparsity": 0.0, "value": dense})
+        for s, value in pruned.items():
+            rows.append({**common, "metric": metric, "method": "magnitude", "pattern": "unstructured", "sparsity": s, "value": value})  # fmt: skip
+
+    for seed in range(seeds):
+        wobble = 1 + 0.01 * seed
+        for step, dense in ((100, 400), (200, 200), (300, 120), (math.nan, 80)):
+            add("adamw", seed, step, dense * wobble, {s: line(s, dense * wobble) for s in A})
+        noise = rng.normal(0, 0.01, len(A))
+        final = 60.0 if seed in outside else 100.0
+        for step, dense in ((100, 300), (200, 150), (math.nan, final)):
+            add("horst", seed, step, dense, {s: line(s, dense) * math.exp(gains[s] + n) for s, n in zip(A, noise)})
+    return pd.DataFrame(rows)
+
+
+def matched_rules(**extra) -> dict:
+    endpoint = {"metric": "ppl", "first": "horst", "second": "adamw", "at": [0.5, 0.9], "matched": "dense"}
+    claim = {"id": "2m", "text": "HORST loses less to pruning at matched dense perplexity.", "pipeline": "gpt2"}
+    return {**RULES, **extra, "claims": [{**claim, "endpoints": [endpoint]}]}
+
+
+def test_interpolation_is_exact_on_a_log_log_line_and_nothing_outside_its_range():
+    dense = [400.0, 120.0, 200.0, 80.0]  # not in dense order: training may not improve at every step
+    pruned = [line(0.9, d) for d in dense]
+    for at in (80.0, 95.0, 150.0, 399.0, 400.0):
+        assert matched.interpolate(dense, pruned, at) == pytest.approx(line(0.9, at), rel=1e-12)
+    assert math.isnan(matched.interpolate(dense, pruned, 79.0)) and math.isnan(matched.interpolate(dense, pruned, 401))
+    # points of one dense perplexity: the mean of their logs; a point that is not finite is left out
+    assert matched.interpolate([100.0, 100.0, 200.0], [10.0, 40.0, 80.0], 100.0) == pytest.approx(20.0)
+    # between (100, 10) and (300, 30): slope 1 on the log-log line, so 20 at 200
+    assert matched.interpolate([100.0, 200.0, 300.0], [10.0, math.inf, 30.0], 200.0) == pytest.approx(20.0)
+
+
+def test_a_seed_outside_adamws_curve_is_not_compared_and_is_listed():
+    frame = study({0.5: -0.1, 0.9: -0.3}, outside=(2, 5))
+    m = matched.matched_gains(frame, "gpt2", "horst", "adamw", 0.9)
+    assert sorted(m.gains.index) == [0, 1, 3, 4] and m.seeds == 6
+    assert m.gains.mean() == pytest.approx(-0.3, abs=0.02)
+    assert sorted(m.outside) == [2, 5] and m.outside[5] == (60.0, pytest.approx(80 * 1.05), pytest.approx(400 * 1.05))
+    words = m.words("horst", "adamw")
+    assert words.startswith("2 of 6 horst seeds not comparable") and "seed 5 at 60, the curve 84-420" in words
+
+
+def test_the_matched_endpoint_through_the_judge():
+    """The log ratio at AdamW's interpolated perplexity, its not-comparable seed out of the pairs and
+    named; under `divergence: worst` a diverged HORST run counts as its worst outcome."""
+    frame = study({0.5: -0.1, 0.9: -0.3})
+    judged = claims.judge(frame, matched_rules()).set_index("endpoint")
+    row = judged.loc["horst / adamw at 90 %, matched dense perplexity"]
+    assert row.n == 5 and row.estimate == pytest.approx(-0.3, abs=0.02) and row.outcome == claims.SUPPORTS
+    assert row.not_comparable.startswith("1 of 6 horst seeds not comparable")
+    assert judged.loc["horst / adamw at 50 %, matched dense perplexity", "estimate"] == pytest.approx(-0.1, abs=0.02)
+    # The plain ratio reads the final numbers alone: HORST's less trained models lose less
+    plain = {**matched_rules(), "claims": [{**matched_rules()["claims"][0], "endpoints": [
+        {"metric": "ppl", "first": "horst", "second": "adamw", "at": [0.9]}]}]}  # fmt: skip
+    ratio = claims.judge(frame, plain).iloc[0]
+    assert ratio.n == 6 and "not_comparable" not in ratio
+    final = matched.final_numbers(frame).drop(columns="step")
+    assert ratio.estimate == claims.judge(final, plain).iloc[0].estimate
+
+    lost = frame.copy()
+    lost.loc[(lost.arm == "horst") & (lost.seed == 0) & lost.step.isna(), "value"] = np.nan  # diverged
+    lost = lost[~((lost.arm == "horst") & (lost.seed == 0) & lost.step.notna())]  # a diverged run has no curve
+    counted = claims.judge(lost, matched_rules(divergence="worst")).set_index("endpoint")
+    row = counted.loc["horst / adamw at 90 %, matched dense perplexity"]
+    assert row.n == 5 and row.low == -math.inf and row.n_complete == 4  # seed 0 counted, seed 5 still out
+
+
+def test_a_matched_endpoint_is_only_of_an_at_endpoint_of_a_ratio():
+    rules = matched_rules()
+    rules["claims"][0]["endpoints"][0] = {**rules["claims"][0]["endpoints"][0], "matched": "steps"}
+    with pytest.raises(ValueError, match="`matched: dense` is the only matching"):
+        claims.judge(study({0.5: 0.0, 0.9: 0.0}), rules)
+
+
+def test_the_record_keeps_curve_points_and_a_record_without_them_has_no_step(tmp_path):
+    frame = study({0.5: -0.1, 0.9: -0.3})
+    runs.write_record(frame, tmp_path / "runs.csv")
+    header = (tmp_path / "runs.csv").read_text().splitlines()[0].split(",")
+    assert header[header.index("sparsity") + 1] == "step"
+    again = runs.read_record([tmp_path / "runs.csv"])
+    assert len(again) == len(frame) and sorted(matched.curve_points(again).step.unique()) == [100, 200, 300]
+    final = matched.final_numbers(frame).drop(columns="step")
+    runs.write_record(final, tmp_path / "final.csv")
+    assert "step" not in (tmp_path / "final.csv").read_text().splitlines()[0].split(",")
+    # Two runs of one setting and seed count once, their curve points each at its own step
+    kept, _ = runs.results(frame)
+    assert len(kept) == len(frame)
+
+
+def test_the_report_draws_the_curves_where_the_rules_ask(tmp_path):
+    frame = study({0.5: -0.1, 0.9: -0.3})
+    text = report.write_report(frame, tmp_path, rules=matched_rules(), split="test")
+    assert "matched dense perplexity" in text and "1 of 6 horst seeds not comparable" in text
+    with Image.open(tmp_path / "pruned_vs_dense.png") as image:
+        assert image.width > 1000 and image.height > 500
+    assert "ppl_curve" not in (tmp_path / "tables.md").read_text()  # the tables hold the final numbers
+    report.write_report(matched.final_numbers(frame).drop(columns="step"), tmp_path, rules=RULES, split="test")
+    assert not (tmp_path / "pruned_vs_dense.png").exists()  # rules without the endpoint: no figure
