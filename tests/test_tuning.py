@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
-from conftest import ROOT
+from conftest import ROOT, _subprocess_env
 
 import horst_sparse.vit.data
 from horst_sparse.compose import compose
@@ -121,9 +123,13 @@ def test_the_written_pick_is_what_the_next_run_composes(tuned):
     assert pick["train.base_lr"].item() == pytest.approx(values["base_lr"], rel=1e-12)
 
 
-def _provenance(trials: int, seeds: list[int], split: str = "validation") -> dict:
+def _provenance(trials: int, seeds: list[int], split: str = "validation", **record) -> dict:
     space = {"train.lr": "tag(log, interval(3e-4, 2e-2))"}  # one shared space (tests/test_search_spaces.py)
-    return {"provenance": {"trials": trials, "seeds": seeds, "eval_split": split, "space": space, "edges": []}}
+    return {"provenance": {"trials": trials, "seeds": seeds, "eval_split": split, "space": space, "edges": [],
+                           **record}}  # fmt: skip
+
+
+DECAY = {"train.lr": "tag(log, interval(3e-4, 2e-2))", "optimizer.weight_decay": "tag(log, interval(1e-3, 1.0))"}
 
 
 @pytest.mark.parametrize(
@@ -146,8 +152,13 @@ def _provenance(trials: int, seeds: list[int], split: str = "validation") -> dic
             {"adamw": _provenance(16, [100]), "horst": {"provenance": None}},
             "arm horst was not tuned by scripts/tune.py",
         ),
+        (  # AdamW's lr alone (--keys), HORST's lr and decay: the shared keys nest, but HORST searched more of them
+            {"adamw": _provenance(16, [100], left_out=["optimizer.weight_decay"]),
+             "horst": _provenance(16, [100], space=DECAY)},
+            r"^arm adamw was tuned without searching optimizer.weight_decay \(--keys\), which horst searched",
+        ),
     ],
-)
+)  # fmt: skip
 def test_unequal_budgets_are_refused(arms, message):
     with pytest.raises(tuning.BudgetError, match=message):
         tuning.check_equal_budgets(arms, arms, reporting_seeds=range(10))
@@ -254,19 +265,38 @@ def test_every_search_space_reaches_its_arm(name):
 
 
 @pytest.mark.parametrize(
-    "overrides,message",
+    "overrides,keys,message",
     [
-        (["seed=7"], "seed=7: tuning seeds start at 100"),
-        (["eval_split=test"], "eval_split=test: tuning scores on the validation split only"),
+        (["seed=7"], None, "seed=7: tuning seeds start at 100"),
+        (["eval_split=test"], None, "eval_split=test: tuning scores on the validation split only"),
         (
             ["train.min_lr=tag(log, interval(1e-6, 1e-4))"],
+            None,
             "searches train.min_lr, which the run does not read from tuned.adamw.min_lr",
+        ),
+        (  # the smoke preset sets the warm-up itself
+            ["experiment=smoke_vit"],
+            None,
+            r"^vit_adamw.yaml searches train.warmup_epochs, which the run does not read from tuned.adamw.warmup_epochs "
+            r"\(it is 1\): the pick would never reach a run; leave it out with --keys "
+            r"train.base_lr,optimizer.weight_decay$",
+        ),
+        (
+            [],
+            ["train.lr"],
+            r"^--keys train.lr is not a key of the search space; vit_adamw.yaml searches train.base_lr, "
+            r"optimizer.weight_decay, train.warmup_epochs$",
+        ),
+        (
+            ["train.warmup_epochs=int(interval(0, 2))"],
+            ["train.base_lr"],
+            r"^train.warmup_epochs=int\(interval\(0, 2\)\) sweeps a key --keys leaves out: add train.warmup_epochs",
         ),
     ],
 )
-def test_a_tuning_that_could_not_count_is_refused_before_any_trial(overrides, message):
+def test_a_tuning_that_could_not_count_is_refused_before_any_trial(overrides, keys, message):
     with pytest.raises(tuning.TuningError, match=message):
-        tuning.prepare("vit", "adamw", overrides=overrides)
+        tuning.prepare("vit", "adamw", overrides=overrides, keys=keys, elsewhere=True)
 
 
 def test_a_dirty_tree_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
@@ -319,14 +349,20 @@ def test_a_tuning_may_start_beside_the_other_arms_uncommitted_picks(tmp_path):
 def test_a_failed_trial_scores_worst_and_the_others_still_pick(tmp_path, capsys):
     """A trial that fails (here AdamW refuses a negative decay; in a study, a diverged lr) is a
     result of the tuning, not its end: the runner lists it and exits non-zero, the tuning scores it
-    worst and picks among the rest."""
+    worst and picks among the rest. With --keys the other keys of the space are not searched: the
+    warm-up stays the recipe's."""
     configs = tmp_path / "configs"
     shutil.copytree(ROOT / "configs", configs)
-    overrides = (*TINY, "optimizer.weight_decay=choice(0.01, -1.0)")  # Sobol's 2 points take both halves
+    before = yaml.safe_load((configs / "tuned" / "vit" / "digits" / "adamw.yaml").read_text())
+    overrides = (  # Sobol's 2 points take both halves of the decay's choice
+        *(o for o in TINY if not o.startswith("train.warmup_epochs=")),
+        "optimizer.weight_decay=choice(0.01, -1.0)",
+    )
     values = tuning.tune(
         "vit",
         "adamw",
         trials=2,
+        keys=["train.base_lr", "optimizer.weight_decay"],
         overrides=overrides,
         commit="c0ffee",
         command="pytest",
@@ -341,6 +377,10 @@ def test_a_failed_trial_scores_worst_and_the_others_still_pick(tmp_path, capsys)
     failed, finished = rows[rows.status == "failed"], rows[rows.status == "finished"]
     assert list(failed["optimizer.weight_decay"]) == [-1.0] and failed.score.item() == -math.inf
     assert values["weight_decay"] == 0.01 and values["provenance"]["pick"]["score"] == finished.score.item() > 0
+    assert "train.warmup_epochs" not in rows and values["warmup_epochs"] == before["warmup_epochs"]
+    assert list(values["provenance"]["space"]) == ["train.base_lr", "optimizer.weight_decay"]
+    trained = [yaml.safe_load(f.read_text()) for f in (tmp_path / "sweep").glob("*_vit_*/config.yaml")]
+    assert trained and {c["train"]["warmup_epochs"] for c in trained} == {before["warmup_epochs"]}  # as run
 
 
 def test_a_tuning_that_cannot_start_still_ends_in_one_line(tmp_path):
@@ -410,6 +450,7 @@ def test_a_trial_scores_the_mean_over_its_cells_and_the_best_are_rerun_at_more_s
     for row in rows.itertuples():  # each score: the mean of its two runs' validation top-1
         folder = tmp_path / "sweep" if row.stage == "search" else tmp_path / "sweep" / "rerun" / f"trial{row.trial}"
         (trial,) = [p for p in folder.iterdir() if p.name.startswith(f"{0 if row.stage == 'rerun' else row.trial}_")]
+        assert f"_s0.5,0.9_seed{row.seed}_" in trial.name  # named by what it holds: a run at each sparsity
         top1 = [json.loads((trial / f"acdc.sparsity={s}" / "summary.json").read_text()) for s in (0.5, 0.9)]
         assert {t["eval_split"] for t in top1} == {"validation"}
         assert row.score == pytest.approx(sum(t["top1"] for t in top1) / 2)
@@ -444,7 +485,7 @@ def test_overrides_that_change_the_recipe_never_write_its_picks(tmp_path):
     out = tmp_path / "picked"
     values = tuning.tune("vit", "adamw", trials=1, overrides=TINY, commit="c0ffee", command="pytest", out=out,
                          sweep_dir=tmp_path / "sweep")  # fmt: skip
-    assert yaml.safe_load((out / "adamw.yaml").read_text())["base_lr"] == values["base_lr"]
+    assert yaml.safe_load((out / "pick" / "adamw.yaml").read_text())["base_lr"] == values["base_lr"]
     assert len(pd.read_csv(out / "tuning.csv")) == 1
     dry = tuning.tune("vit", "adamw", trials=1, overrides=TINY, commit="c0ffee", command="pytest", dry_run=True,
                       sweep_dir=tmp_path / "sweep")  # the same trial, finished: nothing reruns  # fmt: skip
@@ -462,3 +503,98 @@ def test_untracked_files_under_configs_make_the_tree_dirty(tmp_path):
     (tmp_path / "configs" / "mine.yaml").write_text("b: 2\n")
     with pytest.raises(tuning.TuningError, match=r"uncommitted changes \(\?\? configs/mine.yaml"):
         tuning.require_clean_tree(tmp_path, tuning=("vit", "horst"))
+
+
+@pytest.mark.parametrize(
+    "process,argv,made_by",
+    [
+        (["/opt/venv/bin/horst-tune", "vit", "adamw", "--trials", "3"], None, "horst-tune vit adamw --trials 3"),
+        (["/opt/venv/bin/horst-sparse", "tune", "vit", "adamw"], ["vit", "adamw"], "horst-sparse tune vit adamw"),
+        (["scripts/tune.py", "gpt2", "ham", "seed=101"], None, "python scripts/tune.py gpt2 ham seed=101"),
+        ([str(ROOT / "horst_sparse" / "cli.py"), "tune", "vit", "ham"], ["vit", "ham"],
+         "python -m horst_sparse.cli tune vit ham"),
+        (["pytest", "-q", "tests"], ["vit", "horst", "x=a b"], "horst-tune vit horst 'x=a b'"),  # main() from code
+    ],
+)  # fmt: skip
+def test_made_by_is_the_command_as_typed(process, argv, made_by, monkeypatch):
+    monkeypatch.setattr(sys, "argv", process)
+    assert tuning.typed_command(process[1:] if argv is None else argv) == made_by
+
+
+def _help_examples(clone: Path, env: dict) -> list[str]:
+    """The example lines of `horst-tune --help`: the block under its line "examples, ...:"."""
+    shown = subprocess.run(
+        [str(Path(sys.executable).parent / "horst-tune"), "--help"], cwd=clone, env=env, capture_output=True,
+        text=True, timeout=120, check=True,
+    ).stdout  # fmt: skip
+    lines = shown.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("examples"))
+    block = "\n".join(lines[start + 1 :]).strip("\n").split("\n\n")[0]
+    return [line.strip() for line in block.splitlines()]
+
+
+@pytest.mark.slow  # 3 + 2 tuning trials and 2 runs at smoke size through the commands (~2-4 min on 2 cores)
+def test_the_help_examples_run_as_written(tmp_path):
+    """Every example of `horst-tune --help` runs as written, in a clean clone (the tuner refuses a
+    dirty tree): the smoke tuning of the learning rate alone writes its pick to --out, with the
+    command as typed; a run loads it as the help says and trains at the pick (at the picked trial's
+    seed and split it is that trial's run again, to the bit); the GPT-2 example reruns its better
+    trial and writes nothing. Trial folders name every sparsity their runs hold."""
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+    env = {**_subprocess_env(), "PYTHONPATH": str(clone), "OMP_WAIT_POLICY": "PASSIVE"}
+    commands = {"horst-tune": str(Path(sys.executable).parent / "horst-tune"), "python": sys.executable}
+
+    def run(line: str) -> str:
+        argv = shlex.split(line)
+        done = subprocess.run([commands[argv[0]], *argv[1:]], cwd=clone, env=env, capture_output=True, text=True,
+                              timeout=900)  # fmt: skip
+        assert done.returncode == 0, f"{line}\n{done.stdout[-2000:]}{done.stderr[-3000:]}"
+        return done.stdout
+
+    def status() -> str:
+        return subprocess.run(["git", "status", "--porcelain"], cwd=clone, capture_output=True, text=True).stdout
+
+    examples = _help_examples(clone, env)
+    assert [shlex.split(e)[:3] for e in examples] == [
+        ["horst-tune", "vit", "adamw"],
+        ["python", "train_vit.py", "--config-dir"],
+        ["horst-tune", "gpt2", "horst"],
+    ]
+    tune_vit, run_vit, tune_gpt2 = examples
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True).stdout.strip()
+
+    printed = run(tune_vit)
+    out = clone / shlex.split(tune_vit)[shlex.split(tune_vit).index("--out") + 1]
+    pick = yaml.safe_load((out / "pick" / "adamw.yaml").read_text())
+    provenance = pick["provenance"]
+    assert provenance["made_by"] == tune_vit and provenance["commit"] == head
+    assert list(provenance["space"]) == ["train.base_lr"] and provenance["trials"] == 3
+    assert f"written to {provenance['tuning_csv']}" in printed and len(pd.read_csv(out / "tuning.csv")) == 3
+    (sweep,) = (clone / "multirun" / "tuning" / "vit_digits_adamw").iterdir()
+    trials = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert len(trials) == 3
+    for folder in trials:
+        assert "_s0.7,0.8,0.9_seed100_" in folder.name
+        assert sorted(p.name for p in folder.iterdir() if not p.name.startswith(".")) == [
+            "acdc.sparsity=0.7", "acdc.sparsity=0.8", "acdc.sparsity=0.9"
+        ]  # fmt: skip
+    assert status() == ""  # outputs/ and multirun/ only: the repository's picks and records untouched
+
+    printed = run(run_vit)
+    folder = clone / printed.rsplit("run folder: ", 1)[1].split()[0]
+    trained = yaml.safe_load((folder / "config.yaml").read_text())
+    assert trained["train"]["base_lr"] == pick["base_lr"] != 3e-3  # the pick, not the recipe's
+    assert trained["train"]["warmup_epochs"] == 1 and trained["tuned"]["adamw"]["provenance"]["made_by"] == tune_vit
+
+    picked = next(p for p in trials if p.name.startswith(f"{provenance['pick']['trial']}_"))
+    again = clone / "outputs" / "again"
+    run(f"{run_vit} seed=100 acdc.sparsity=0.9 hydra.run.dir={again}")
+    top1 = [json.loads((d / "summary.json").read_text())["top1"] for d in (again, picked / "acdc.sparsity=0.9")]
+    assert top1[0] == top1[1]
+
+    printed = run(tune_gpt2)
+    assert "nothing written (--dry-run)" in printed and "alpha:" in printed and status() == ""
+    (sweep,) = (clone / "multirun" / "tuning" / "gpt2_pydoc_horst").iterdir()
+    (rerun,) = (sweep / "rerun").iterdir()
+    assert [p.name.split("_seed")[1][:3] for p in rerun.iterdir() if p.is_dir()] == ["101"]

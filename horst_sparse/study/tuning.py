@@ -56,6 +56,9 @@ DEFAULT_TRIALS = 16
 # pick on one seed; with seed noise the size of the arms' differences a pick on one seed is partly luck)
 DEFAULT_TOP_K, DEFAULT_RERUN_SEEDS = 3, 2
 EVAL_SPLIT = "validation"
+# --out DIR writes the pick as DIR/pick/<arm>.yaml, a config group option of a search path DIR: a run loads it with
+# `--config-dir DIR +pick=<arm>` (merged at tuned.<arm>, after the recipe's values)
+PICK_GROUP = "pick"
 
 
 class TuningError(RunError):
@@ -237,6 +240,8 @@ class Tuning:
     overrides: list[str] = dataclasses.field(default_factory=list)  # the user's, of every trial
     selection: list[str] = dataclasses.field(default_factory=list)  # what selects the arm: optimizer=horst, +arm=...
     tune_over: Any = None  # a trial's cells (the search space's `tune_over`)
+    subdir: str = ""  # hydra.sweep.subdir=...: a trial folder's name, its cells' values in it (trial_subdir)
+    left_out: list[str] = dataclasses.field(default_factory=list)  # keys of the space --keys did not search
 
     @property
     def metric(self) -> TuningScore:
@@ -290,12 +295,14 @@ def prepare(
     config_dir: Path = CONFIGS,
     sweep_dir: Path | None = None,
     elsewhere: bool = False,
+    keys: Iterable[str] | None = None,
 ) -> Tuning:
     """Compose the tuning's config and check that its pick can reach a run: every searched key
     reads the arm's tuned file, the seed is a tuning seed, the split is validation, and no
     override changes the recipe's training (unless the pick goes `elsewhere` than the recipe's
     tuned file). An arm is an optimizer (the runs that select it read its values) or an arm of
-    configs/arm/ with values of its own (`tuned_as: <arm>`, e.g. horst_prunable)."""
+    configs/arm/ with values of its own (`tuned_as: <arm>`, e.g. horst_prunable). With `keys`,
+    only those keys of the space are searched; the others keep the run's values."""
     try:
         registered = get_pipeline(pipeline)
     except UnknownPipeline as error:
@@ -343,6 +350,17 @@ def prepare(
     if cfg.get("eval_split") != EVAL_SPLIT:
         raise TuningError(f"eval_split={cfg.get('eval_split')}: tuning scores on the validation split only")
     space = {**{str(k): str(v) for k, v in cfg.hydra.sweeper.params.items()}, **searched}
+    whole = list(space)
+    if keys is not None:
+        space = restrict(space, list(keys), search.name, searched)
+        # the sweeper searches its params and the command line's sweeps: the YAML's params go, the kept keys
+        # come back as sweeps in the space's order (the order the Sobol sampler gives coordinates in)
+        arguments = [
+            arguments[0],
+            "hydra.sweeper.params=null",
+            *(f"{key}={value}" for key, value in space.items()),
+            *(a for a, o in zip(overrides, parsed) if not o.is_sweep_override()),
+        ]
     tuned = OmegaConf.to_container(cfg.tuned[arm], resolve=False)
     for key in space:
         leaf = key.rsplit(".", 1)[-1]
@@ -352,17 +370,22 @@ def prepare(
         if cfg.optimizer.name == arm:  # a recipe written before `tuned_as` reads the optimizer's entry
             reads.add(f"${{tuned.${{optimizer.name}}.{leaf}}}")
         if leaf not in tuned or wire not in reads:
+            others = [k for k in space if k != key]
+            hint = f"; leave it out with --keys {','.join(others)}" if others else ""
             raise TuningError(
                 f"{search.name} searches {key}, which the run does not read from tuned.{arm}.{leaf} "
-                f"(it is {wire!r}): the pick would never reach a run"
+                f"(it is {wire!r}): the pick would never reach a run{hint}"
             )
     if sweep_dir is None:
         stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
         sweep_dir = ROOT / "multirun" / "tuning" / f"{pipeline}_{recipe}_{arm}" / stamp
+    tune_over = OmegaConf.to_container(cfg.tune_over, resolve=True) if cfg.get("tune_over") else None
+    subdir = trial_subdir(OmegaConf.to_container(cfg.hydra.sweep, resolve=False)["subdir"], tune_over)
     arguments += [
         f"hydra.sweeper.n_trials={trials}",
         f"hydra.sweeper.direction={registered.tuning.direction}",
         f"hydra.sweep.dir={sweep_dir}",
+        subdir,
     ]
     return Tuning(
         pipeline,
@@ -375,8 +398,38 @@ def prepare(
         arguments,
         list(overrides),
         selection(search),
-        OmegaConf.to_container(cfg.tune_over, resolve=True) if cfg.get("tune_over") else None,
+        tune_over,
+        subdir,
+        [key for key in whole if key not in space],
     )
+
+
+def restrict(space: Mapping[str, str], keys: list[str], name: str, searched: Mapping[str, str]) -> dict[str, str]:
+    """The part of `space` that `keys` names (--keys), or a one-line TuningError naming the space's keys."""
+    unknown = [key for key in keys if key not in space]
+    if unknown or not keys:
+        named = f"{','.join(unknown)} is not a key of the search space" if keys else "names no key"
+        raise TuningError(f"--keys {named}; {name} searches {', '.join(space)}")
+    dropped = [key for key in searched if key not in keys]
+    if dropped:
+        raise TuningError(
+            f"{dropped[0]}={searched[dropped[0]]} sweeps a key --keys leaves out: add {dropped[0]} to --keys "
+            "or drop the sweep"
+        )
+    return {key: value for key, value in space.items() if key in keys}
+
+
+def trial_subdir(template: str, tune_over: Any) -> str:
+    """The `hydra.sweep.subdir=...` override that names a trial folder by what it holds: the pipeline's
+    subdir with each key the trial runs over (`tune_over`) at all its values, `..._s0.7,0.8,0.9_seed100_...`
+    for a ViT trial with a run at each of those sparsities (one value: the pipeline's name as it is)."""
+    values: dict[str, list] = {}
+    for cell in cells(tune_over):
+        for key, value in cell.items():
+            values.setdefault(key, []).append(value)
+    for key, held in values.items():
+        template = template.replace("${" + key + "}", ",".join(str(v) for v in dict.fromkeys(held)))
+    return f"hydra.sweep.subdir='{template}'"  # quoted: the commas are not a sweep; interpolations resolve
 
 
 # Overrides a tuning may take without its pick ceasing to be the recipe's: where and how fast it runs
@@ -534,6 +587,7 @@ def run_reruns(
             f"eval_split={EVAL_SPLIT}",
             *([f"tune_over={_override_value(plan.tune_over)}"] if plan.tune_over else []),
             f"hydra.sweep.dir={rerun_dir}",
+            *([plan.subdir] if plan.subdir else []),
         ]
         saved = sys.argv
         sys.argv = argv
@@ -606,10 +660,12 @@ def write_pick(
     results_dir: Path = RESULTS,
     csv: Path | None = None,
     dry_run: bool = False,
+    package: bool = False,
 ) -> dict:
     """The arm's tuned file with the pick and its provenance (the keys outside the search space
     kept), and the arm's rows of tuning.csv (of this protocol version) replaced; with `dry_run`,
-    the values only (nothing written)."""
+    the values only (nothing written). With `package` the file says where it goes (`# @package
+    tuned.<arm>`), so that a run adds it as an option of a group of its own (PICK_GROUP)."""
     import pandas as pd
 
     chosen = pick(rows, plan.metric, top_k)
@@ -628,6 +684,7 @@ def write_pick(
                                                    "file": str(protocol.path.relative_to(ROOT))},
         "sampler": "horst_sparse.study.tuning.SobolSampler (scrambled Sobol, hydra-optuna-sweeper)",
         "space": plan.space,
+        "left_out": plan.left_out,
         "tune_over": plan.tune_over,
         "trials": len(search),
         "seeds": sorted({r["seed"] for r in search}),
@@ -647,6 +704,8 @@ def write_pick(
         f"# validation split, written by `{command}` at commit {commit}\n"
         "# (every trial: provenance.tuning_csv). Keys outside the search space are kept from before.\n"
     )
+    if package:  # first: Hydra reads a package directive only above every other line
+        header = f"# @package tuned.{plan.arm}\n" + header
     if dry_run:
         return values
     plan.arm_file.write_text(header + yaml.safe_dump(values, sort_keys=False))
@@ -692,12 +751,14 @@ def tune(
     sweep_dir: Path | None = None,
     out: Path | None = None,
     dry_run: bool = False,
+    keys: Iterable[str] | None = None,
 ) -> dict:
     """Prepare, run the trials and the reruns of the top k, write the pick; returns the arm's new
     tuned values. A tuning stopped early continues in the same `sweep_dir` (finished runs are kept).
     The pick goes to the recipe's tuned file and results/tuning/ (configs/ and results/ of this
-    repository: only from the recipe's own settings), or into `out` (`<arm>.yaml`, `tuning.csv`),
-    or nowhere (`dry_run`)."""
+    repository: only from the recipe's own settings), or into `out` (`pick/<arm>.yaml`, which a run
+    loads with `--config-dir <out> +pick=<arm>`, and `tuning.csv`), or nowhere (`dry_run`). `keys`
+    searches those keys of the space alone."""
     elsewhere = dry_run or out is not None or Path(config_dir).resolve() != CONFIGS.resolve()
     tuning = prepare(
         pipeline,
@@ -707,10 +768,11 @@ def tune(
         config_dir=config_dir,
         sweep_dir=sweep_dir,
         elsewhere=elsewhere,
+        keys=keys,
     )
     if out is not None:
-        Path(out).mkdir(parents=True, exist_ok=True)
-        copy = Path(out) / f"{arm}.yaml"  # the recipe's file with the pick in it: its other keys kept
+        copy = Path(out) / PICK_GROUP / f"{arm}.yaml"  # the recipe's file with the pick in it: its other keys kept
+        copy.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(tuning.arm_file, copy)
         tuning = dataclasses.replace(tuning, arm_file=copy)
     folder = run_trials(tuning, config_dir)
@@ -719,6 +781,7 @@ def tune(
     return write_pick(
         tuning, rows, commit=commit, command=command, top_k=top_k if rerun_seeds else 0, protocol=protocol,
         results_dir=results_dir, csv=None if out is None else Path(out) / "tuning.csv", dry_run=dry_run,
+        package=out is not None,
     )  # fmt: skip
 
 
@@ -732,9 +795,9 @@ def check_equal_budgets(
     each must have been tuned by horst-tune (`tuned.<arm>.provenance`), on the validation
     split, with the same number of trials and the same tuning seeds, none of them a reporting
     seed, over nested search spaces (the keys every arm searches over the same ranges, one arm
-    searching those alone: the others add only their own), with no pick at the edge of its range
-    unless `declared_edges` names it (`edge_declared`). `tuned` is a run's composed `tuned` node
-    (or its container)."""
+    searching those alone: the others add only their own), none leaving out (--keys) a key another
+    searched, with no pick at the edge of its range unless `declared_edges` names it
+    (`edge_declared`). `tuned` is a run's composed `tuned` node (or its container)."""
     if OmegaConf.is_config(tuned):
         tuned = OmegaConf.to_container(tuned, resolve=True)
     reporting = set(reporting_seeds)
@@ -770,6 +833,14 @@ def check_equal_budgets(
         shown = "; ".join(f"{arm} {r.get('tune_over')}" for arm, r in records.items())
         raise BudgetError(f"the arms were scored on different cells (tune_over: {shown}); retune over one shared space")
     check_nested_spaces({arm: r["space"] for arm, r in records.items()})
+    for arm, record in records.items():  # --keys: a key one arm's tuning left at the run's value, another searched
+        for other, theirs in records.items():
+            both = [key for key in record.get("left_out") or () if key in theirs["space"]]
+            if both:
+                raise BudgetError(
+                    f"arm {arm} was tuned without searching {', '.join(both)} (--keys), which {other} searched; "
+                    "retune them over the same keys"
+                )
     for arm, record in records.items():
         undeclared = [e for e in record.get("edges", []) if not edge_declared(arm, e, declared_edges)]
         if undeclared:
@@ -808,18 +879,30 @@ def main(argv: list[str] | None = None) -> None:
     """`horst-tune` (scripts/tune.py): tune one arm (an optimizer under a recipe) with a fixed trial
     budget on the validation split, and write the pick where the pipelines read it.
 
-        horst-tune vit adamw                          # 16 quasi-random trials, embedded digits recipe
-        horst-tune gpt2 horst --trials 32 hydra/launcher=slurm hydra.sweeper.n_jobs=32
-        horst-tune vit horst vit_recipe=deit_imagenet data.root=/path/to/imagenet hydra/launcher=slurm
+    examples, at smoke size (about a minute each on a CPU; from the repository root, as written):
 
-    The search space is configs/hparams_search/<pipeline>_<optimizer>.yaml; any other argument is
-    a Hydra override of the runs (recipe, launcher, seed from 100 up). The pick and its provenance
-    go to configs/tuned/<pipeline>/<recipe>/<optimizer>.yaml, every trial to
+        horst-tune vit adamw --trials 3 --top-k 0 --keys train.base_lr --out outputs/picks/vit experiment=smoke_vit
+        python train_vit.py --config-dir outputs/picks/vit +pick=adamw optimizer=adamw experiment=smoke_vit
+        horst-tune gpt2 horst --trials 2 --top-k 1 --rerun-seeds 1 --keys optimizer.alpha,optimizer.beta --dry-run experiment=smoke_gpt2
+
+    The first tunes AdamW's learning rate alone: the smoke preset sets the warm-up itself, so a
+    warm-up pick would never reach its runs (without --keys the tuning refuses, naming the key). A
+    preset changes the recipe's training, so the pick goes to --out DIR, not to the recipe's tuned
+    file: DIR/pick/<arm>.yaml, which a run loads with `--config-dir DIR +pick=<arm>` (the second
+    line: a smoke run at that lr), and every trial to DIR/tuning.csv. The third runs 2 GPT-2
+    trials over HORST's alpha and beta, reruns the better one at one more seed and prints the pick.
+
+    At full size: `horst-tune vit adamw` (16 trials under the embedded digits recipe, each a run
+    at 70, 80 and 90 % sparsity; the 3 best rerun at 2 more seeds); on a cluster add
+    `hydra/launcher=slurm hydra.sweeper.n_jobs=16`; another recipe: `vit_recipe=deit_imagenet
+    data.root=/path/to/imagenet`. The search space is
+    configs/hparams_search/<pipeline>_<optimizer>.yaml; any other argument is a Hydra override of
+    the runs (recipe, launcher, seed from 100 up). The pick and its provenance go to
+    configs/tuned/<pipeline>/<recipe>/<optimizer>.yaml, every trial to
     results/tuning/<pipeline>/<recipe>/tuning.csv (docs/design.md §8). Give every arm of a
     comparison the same --trials. Refuses to start from a git tree with uncommitted changes (other
     arms' picks of the pipeline and results/ aside: a study tunes its arms one after another)."""
     import argparse
-    import shlex
 
     from horst_sparse.pipeline import names
 
@@ -850,10 +933,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--out",
         type=Path,
-        help="write the pick (<arm>.yaml) and its trials (tuning.csv) into this folder, not configs/tuned/ and "
-        "results/tuning/ (needed where overrides change the recipe's training, e.g. a smoke preset)",
+        metavar="DIR",
+        help="write the pick (DIR/pick/<arm>.yaml) and its trials (DIR/tuning.csv), not into configs/tuned/ and "
+        "results/tuning/ (needed where overrides change the recipe's training, e.g. a smoke preset); a run loads "
+        "it with --config-dir DIR +pick=<arm>",
     )
     parser.add_argument("--dry-run", action="store_true", help="run the trials and print the pick; write nothing")
+    parser.add_argument(
+        "--keys",
+        metavar="KEY[,KEY]",
+        type=lambda text: [key for key in text.split(",") if key],
+        help="search these keys of the space alone (e.g. train.base_lr); the others keep the run's values",
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of every trial, e.g. hydra/launcher=slurm")
     args = parser.parse_intermixed_args(argv)  # `--trials 8` before or after the overrides
     try:
@@ -875,8 +966,9 @@ def main(argv: list[str] | None = None) -> None:
             sweep_dir=args.sweep_dir.resolve() if args.sweep_dir else None,
             out=args.out.resolve() if args.out else None,
             dry_run=args.dry_run,
+            keys=args.keys,
             commit=commit,
-            command=shlex.join(["python", "scripts/tune.py", *argv]),
+            command=typed_command(argv),
         )
     except RunError as error:
         sys.exit(f"error: {error}")
@@ -895,3 +987,23 @@ def main(argv: list[str] | None = None) -> None:
     print(f"pick: trial {pick['trial']}, {values['provenance']['metric']} {pick['score']:.4g}; {where}")
     if args.dry_run:
         print(yaml.safe_dump({k: v for k, v in values.items() if k != "provenance"}, sort_keys=False), end="")
+
+
+def typed_command(argv: list[str]) -> str:
+    """The command line that ran this tuning, as typed (a pick's `made_by`): `horst-tune ...`,
+    `horst-sparse tune ...`, `python scripts/tune.py ...`, from the process's arguments where they end
+    in `argv`; `horst-tune <argv>` where main() was called with arguments of its own (from code)."""
+    import shlex
+
+    process = list(sys.argv)
+    if len(process) <= len(argv) or process[len(process) - len(argv) :] != list(argv):
+        return shlex.join(["horst-tune", *argv])
+    program = Path(process[0])
+    if program.suffix != ".py":  # a console script: its name, wherever it is installed
+        typed = [program.name]
+    elif program.resolve().is_relative_to(ROOT / "horst_sparse"):  # python -m horst_sparse....
+        module = program.resolve().relative_to(ROOT).with_suffix("")
+        typed = ["python", "-m", ".".join(module.parts)]
+    else:
+        typed = ["python", process[0]]
+    return shlex.join([*typed, *process[1:]])

@@ -210,9 +210,13 @@ def sweep_command(config: DictConfig) -> str:
     """The shell line that continues the multirun whose config (Hydra's, with its `hydra` node)
     is `config`: the same command line (Hydra's overrides as typed) in that sweep's folder,
     whose finished cells are left as they are (`finished_summary`) and the others continue."""
-    overrides = config.hydra.overrides
+    # as typed, unresolved: an override may hold an interpolation that only a job resolves
+    # (hydra.sweep.subdir='${hydra.job.num}_...')
+    overrides = OmegaConf.to_container(config.hydra.overrides, resolve=False)
     # `-m` says hydra.mode=MULTIRUN (Hydra adds it to the overrides); the folder is given below.
-    kept = [o for o in [*overrides.hydra, *overrides.task] if not o.startswith(("hydra.sweep.dir=", "hydra.mode="))]
+    kept = [
+        o for o in [*overrides["hydra"], *overrides["task"]] if not o.startswith(("hydra.sweep.dir=", "hydra.mode="))
+    ]
     sweep_dir = hydra_override("hydra.sweep.dir", str(config.hydra.sweep.dir))
     return command_line(["python", pipeline_of(config).script, "-m", *kept, sweep_dir])
 
