@@ -128,13 +128,13 @@ def test_the_embedded_study_is_its_presets_and_tunes_what_its_budget_asks_for(em
     versions = protocol.versions("embedded")
     current = versions[-1]  # v6: v4's tunings but for GPT-2's HAM, retuned under v6
     earlier = protocol.tuned_under(current, versions)
-    assert (earlier.version, protocol.retuned(current)) == (4, {("gpt2", "ham")})
+    assert (earlier.version, current.retuned) == (4, {("gpt2", "ham")})
     arms = {(j.pipeline, j.config["tuned_as"]) for j in jobs}  # every set of tuned values the runs read: arms, counted
     assert {a for p, a in arms if p == "gpt2"} == {"adamw", "ham", "horst", "horst_prunable"}
     assert {a for p, a in arms if p == "vit"} == {"adamw", "ham", "horst"}
 
-    def picked(hashes):
-        """The jobs with every arm's pick made under the given protocol hash ({(pipeline, arm): hash})."""
+    def picked(made):
+        """The jobs with every arm's pick made under the given protocol version ({(pipeline, arm): version})."""
         return [
             study.Job(
                 **{
@@ -142,7 +142,7 @@ def test_the_embedded_study_is_its_presets_and_tunes_what_its_budget_asks_for(em
                     "config": {
                         **j.config,
                         "tuned": {
-                            a: {"provenance": {"protocol": {"hash": hashes[(j.pipeline, a)]}}}
+                            a: {"provenance": {"protocol": {"version": made[(j.pipeline, a)]}}}
                             for p, a in arms
                             if p == j.pipeline
                         },
@@ -152,7 +152,7 @@ def test_the_embedded_study_is_its_presets_and_tunes_what_its_budget_asks_for(em
             for j in jobs
         ]
 
-    inherited = protocol.registered_hash(earlier)
+    inherited = earlier.version
     lines = study.tunings(current, picked({arm: inherited for arm in arms}), versions)
     budget = current.tuning
     assert [(line[2], line[3]) for line in lines] == [("gpt2", "ham")]  # the one arm v6 tunes anew
@@ -167,10 +167,13 @@ def test_the_embedded_study_is_its_presets_and_tunes_what_its_budget_asks_for(em
     ]  # fmt: skip
     assert "gpt2_recipe=pydoc" in line
     assert (
-        study.tunings(current, picked({**{a: inherited for a in arms}, ("gpt2", "ham"): current.hash}), versions) == []
+        study.tunings(current, picked({**{a: inherited for a in arms}, ("gpt2", "ham"): current.version}), versions)
+        == []
     )
+    record = runs.read_record([ROOT / "results" / "embedded" / "runs.csv"])
+    study.check_protocol(current, versions, record[record.protocol == current.version], jobs)  # as registered
     with pytest.raises(study.StudyError, match="runs vit adamw at v4's pick, but configs/tuned/ holds none of v4's"):
-        study.tunings(current, picked({**{a: inherited for a in arms}, ("vit", "adamw"): "other"}), versions)
+        study.tunings(current, picked({**{a: inherited for a in arms}, ("vit", "adamw"): 5}), versions)
 
 
 def test_the_cost_table_is_measured_from_the_runs(embedded_jobs):
@@ -252,30 +255,17 @@ def test_provenance_refuses_dirty_trees_and_runs_of_other_code(tmp_path):
     _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "add", "configs")
     _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "d")
     study.check_provenance([second], repo)
-    # a reviewed change (exact blobs before and after) is forgiven; the file changed again is not
+    # a reviewed change (exact blobs before and after: protocol.reviewed) is forgiven; the file changed again is not
     (repo / "horst" / "step.py").write_text("a = 2  # a comment\n")
     _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "e")
-    ledger = tmp_path / "reviewed.yaml"
-    blobs = [_git(repo, "rev-parse", f"{c}:horst/step.py") for c in (second, "HEAD")]
-    ledger.write_text(
-        yaml.safe_dump([{"path": "horst/step.py", "before": blobs[0], "after": blobs[1], "why": "a comment"}])
-    )
-    study.check_provenance([second], repo, ledger)
+    reviewed = {("horst/step.py", frozenset(_git(repo, "rev-parse", f"{c}:horst/step.py") for c in (second, "HEAD")))}
+    study.check_provenance([second], repo, reviewed)
     with pytest.raises(study.StudyError, match="differs from HEAD's in 1 file"):
-        study.check_provenance([first], repo, ledger)  # a = 1 -> a = 2 was not reviewed
+        study.check_provenance([first], repo, reviewed)  # a = 1 -> a = 2 was not reviewed
     (repo / "horst" / "step.py").write_text("a = 3\n")
     _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "f")
     with pytest.raises(study.StudyError, match="differs from HEAD's in 1 file"):
-        study.check_provenance([second], repo, ledger)
-
-
-def test_every_reviewed_change_is_a_real_pair_of_this_repository():
-    """The ledger's entries name blobs git has, the `after` one the file as it is now (an entry
-    the file has since moved past forgives nothing and is removed), each with its reason."""
-    for entry in yaml.safe_load(study.REVIEWED.read_text()):
-        assert entry["why"].strip(), entry["path"]
-        assert _git(ROOT, "rev-parse", f"HEAD:{entry['path']}") == entry["after"], entry["path"]
-        assert _git(ROOT, "cat-file", "-t", entry["before"]) == "blob"
+        study.check_provenance([second], repo, reviewed)
 
 
 def test_add_an_arm_recipe(tmp_path, write_run):

@@ -120,10 +120,8 @@ def test_the_committed_picks_pass_only_where_tuned_alike_under_the_current_proto
 
     versions = protocol.versions("embedded")
     current = versions[-1]
-    inherited = protocol.registered_hash(protocol.tuned_under(current, versions))
-    expected = {
-        a: current.hash if (pipeline, a) in protocol.retuned(current) else inherited for a in ("adamw", "ham", "horst")
-    }
+    inherited = protocol.tuned_under(current, versions).hash
+    expected = {a: current.hash if (pipeline, a) in current.retuned else inherited for a in ("adamw", "ham", "horst")}
     config = compose(get(pipeline), [f"{get(pipeline).recipe_group}={recipe}"])
     arms = ["adamw", "ham", "horst"]
     made = {a: ((config.tuned[a].provenance or {}).get("protocol") or {}).get("hash") for a in arms}

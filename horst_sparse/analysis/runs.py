@@ -91,7 +91,7 @@ RECORD_COLUMNS = [
 ]
 # summary.json's environment; empty in records from before it (and `cpu` was the architecture only)
 MACHINE_COLUMNS = ["host", "cpu", "cpu_capability", "cpu_threads", "reproducible_cpu", "gpu"]
-# a study's protocol version and the hash of its files (horst_sparse.study.protocol), where it has one
+# a study's protocol version and its registration's label (horst_sparse.study.protocol), where it has one
 PROTOCOL_COLUMNS = ["protocol", "protocol_hash"]
 
 

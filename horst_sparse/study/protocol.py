@@ -1,20 +1,21 @@
 """A study's protocol: one committed file per version (`protocols/<study>/v<N>.yaml`) that fixes,
 before its reporting runs, what the study runs and how it is judged: its presets (arms,
 sparsities, seeds), the tuning budget (trials, top-k reruns, seeds), the search spaces, the
-pilot's rule, the claims' rules and the declared edges.
+pilot's rule, the claims' rules and the declared edges. A version's file holds what differs from
+the version it extends (`extends: <N>`, merged over it key by key); its OWN keys are never taken.
 
-Its hash is the SHA-256 of the protocol file and of every file it names (`files`), so a changed
-recipe, search space, preset or rule after the first run changes it. Every row the study and its
-tunings record carries the version and hash (`protocol`, `protocol_hash` in runs.csv and
-tuning.csv); a version whose files changed after its runs began is refused (`check_unchanged`):
-a change after results were read is a new version, run beside the old one, never in its place.
-Versions never deleted: the record holds every version's runs and the report judges each.
+Git is the ledger. A version is registered by the commit that adds its file. Every row the
+study and its tunings record carries the version (`protocol`) and the commit it was made at; a
+version is unchanged at a commit where the files it names are as at its registration (`git
+diff`; its own file compared once merged) but for a reviewed change: a version's `retune` names
+the arms whose search spaces it changes, from what the version whose tunings it takes registered
+to what it registers, and only that arm's tuning reads such a file. A change after registration
+is a new version, run beside the old one; versions are never deleted.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import re
 import subprocess
 from collections.abc import Callable, Iterable, Mapping
@@ -25,8 +26,10 @@ import yaml
 
 from horst_sparse.paths import REPO
 
-PROTOCOLS = REPO / "protocols"
 STATUSES = ("confirmatory", "exploratory")
+# What a version states for itself. `hash`: the label of v1-v6's rows (their `protocol_hash`, the
+# SHA-256 of their files when registered); a version registered since is labelled by its commit.
+OWN = ("version", "why", "hash", "tunings_from", "retune")
 
 
 class ProtocolError(RuntimeError):
@@ -40,12 +43,18 @@ class Protocol:
     status: str  # confirmatory | exploratory
     why: str  # what it changed from the version before, and why (or why it is exploratory)
     path: Path
-    hash: str
-    spec: Mapping[str, Any]  # the whole file
+    spec: Mapping[str, Any]  # its file, merged over the version it extends
+    registration: str | None  # the commit that added its file (None: not committed)
+    root: Path  # the repository
 
     @property
     def label(self) -> str:
         return f"v{self.version} ({self.status})"
+
+    @property
+    def hash(self) -> str | None:
+        """What its rows carry as `protocol_hash`: its registering commit, or v1-v6's recorded hash."""
+        return self.spec.get("hash") or self.registration
 
     @property
     def presets(self) -> list[str]:
@@ -69,25 +78,65 @@ class Protocol:
     def declared_edges(self) -> list[str]:
         return list(self.tuning.get("declared_edges") or [])
 
+    @property
+    def files(self) -> set[str]:
+        return _named(self.spec)
 
-def _hash(path: str, files: Iterable[str], read: Callable[[str], bytes | None]) -> str:
-    """The hash of the protocol file `path` and the files it names, each read by `read` (None: missing)."""
-    digest = hashlib.sha256()
-    for name in [path, *sorted(files)]:
-        data = read(name)
-        if data is None:
-            raise ProtocolError(f"{path} names {name}, which does not exist")
-        digest.update(name.encode() + b"\0" + data + b"\0")
-    return digest.hexdigest()[:16]
+    @property
+    def retuned(self) -> set[tuple[str, str]]:
+        """The (pipeline, arm) a version that takes an earlier version's tunings tunes anew."""
+        return {tuple(entry.split()) for entry in self.spec.get("retune") or []}
+
+    @property
+    def retuned_files(self) -> set[str]:
+        return {f"configs/hparams_search/{pipeline}_{arm}.yaml" for pipeline, arm in self.retuned}
 
 
-def _named_files(spec: Mapping[str, Any]) -> set[str]:
+def _named(spec: Mapping[str, Any]) -> set[str]:
+    """What a version fixes besides its own file: `files`, the claims' rules, the presets."""
     return {*spec.get("files", []), spec["claims"], *(f"configs/study/{p}.yaml" for p in spec.get("presets") or [])}
 
 
+def _merge(base: Mapping[str, Any], own: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in own.items():
+        merged[key] = _merge(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+    return merged
+
+
+def _spec(name: str, read: Callable[[str], str | None]) -> dict[str, Any]:
+    """The version file `name` (as `read` gives it) merged over the versions it extends."""
+    text = read(name)
+    if text is None:
+        raise ProtocolError(f"{name} does not exist")
+    own = yaml.safe_load(text) or {}
+    if "extends" not in own:
+        return own
+    base = _spec(str(Path(name).with_name(f"v{own.pop('extends')}.yaml")), read)
+    return _merge({k: v for k, v in base.items() if k not in OWN}, own)
+
+
+def _fixed(name: str, read: Callable[[str], str | None]) -> dict[str, Any]:
+    """What the version file `name` fixes: its merged spec but its label (`hash`)."""
+    return {k: v for k, v in _spec(name, read).items() if k != "hash"}
+
+
+def _reader(root: Path, commit: str | None) -> Callable[[str], str | None]:
+    """A file's text at `commit` (None: the working tree), None where it has none."""
+
+    def read(name: str) -> str | None:
+        if commit is None:
+            return (root / name).read_text() if (root / name).is_file() else None
+        shown = subprocess.run(["git", "show", f"{commit}:{name}"], cwd=root, capture_output=True, text=True)
+        return shown.stdout if shown.returncode == 0 else None
+
+    return read
+
+
 def load(path: Path, root: Path = REPO) -> Protocol:
-    path = Path(path).resolve()
-    spec = yaml.safe_load(path.read_text()) or {}
+    path, root = Path(path).resolve(), Path(root).resolve()
+    name = str(path.relative_to(root))
+    spec = _spec(name, _reader(root, None))
     missing = [k for k in ("study", "version", "status", "why", "claims") if k not in spec]
     if missing:
         raise ProtocolError(f"{path} lacks {', '.join(missing)}")
@@ -95,36 +144,21 @@ def load(path: Path, root: Path = REPO) -> Protocol:
         raise ProtocolError(f"{path}: status {spec['status']!r} is not one of {', '.join(STATUSES)}")
     if path.stem != f"v{spec['version']}":
         raise ProtocolError(f"{path} says version {spec['version']}: name it v{spec['version']}.yaml")
-    root = Path(root).resolve()
-    return Protocol(
+    log = subprocess.run(["git", "log", "--diff-filter=A", "--format=%H", "--", name], cwd=root, capture_output=True)
+    protocol = Protocol(
         spec["study"],
         int(spec["version"]),
         spec["status"],
         " ".join(str(spec["why"]).split()),
         path,
-        _hash(str(path.relative_to(root)), _named_files(spec), lambda name: _read(root / name)),
         spec,
+        (log.stdout.decode().split() or [None])[-1],
+        root,
     )
-
-
-def _read(file: Path) -> bytes | None:
-    return file.read_bytes() if file.is_file() else None
-
-
-def hash_at(protocol: Protocol, commit: str, root: Path = REPO) -> str:
-    """The hash of the version's files as they were at `commit` (git): a version superseded by a
-    newer one keeps the hash its rows recorded there, though files it shares with the newer
-    version (a search space, a preset) have changed since."""
-
-    def read(name: str) -> bytes | None:
-        shown = subprocess.run(["git", "show", f"{commit}:{name}"], cwd=root, capture_output=True)
-        return shown.stdout if shown.returncode == 0 else None
-
-    name = str(protocol.path.relative_to(Path(root).resolve()))
-    spec = yaml.safe_load(read(name) or b"") or {}
-    if not spec:
-        raise ProtocolError(f"{name} is not in commit {commit} (git log -- {name})")
-    return _hash(name, _named_files(spec), read)
+    absent = sorted(f for f in protocol.files if not (root / f).is_file())
+    if absent:
+        raise ProtocolError(f"{name} names {absent[0]}, which does not exist: restore it or name another file")
+    return protocol
 
 
 def versions(study: str, root: Path = REPO) -> list[Protocol]:
@@ -145,8 +179,7 @@ def tuned_under(protocol: Protocol, versions: Iterable[Protocol]) -> Protocol:
     """The version whose tunings `protocol` runs at: itself, or the earlier version its
     `tunings_from` names (v5 and v6 run at v4's). It must have the same presets, files, claims and
     budget; its declared edges may differ, and the arms it names in `retune` ("<pipeline> <arm>",
-    tuned anew under it) may have changed search spaces (`retuned_files`). The earlier version's
-    picks carry the hash its files had when it was registered (`registered_hash`)."""
+    tuned anew under it) may have changed search spaces."""
     source = protocol.spec.get("tunings_from")
     if source is None:
         return protocol
@@ -165,60 +198,60 @@ def tuned_under(protocol: Protocol, versions: Iterable[Protocol]) -> Protocol:
     return earlier
 
 
-def retuned(protocol: Protocol) -> set[tuple[str, str]]:
-    """The (pipeline, arm) a version that takes an earlier version's tunings tunes anew."""
-    return {tuple(entry.split()) for entry in protocol.spec.get("retune") or []}
+def _blob(commit: str | None, path: str, root: Path) -> str:
+    """The git blob id of `path` at `commit` (None: the working tree's file); '' where it has none."""
+    args = ["hash-object", path] if commit is None else ["rev-parse", "--verify", "-q", f"{commit}:{path}"]
+    return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True).stdout.strip()
 
 
-def retuned_files(protocol: Protocol) -> set[str]:
-    return {f"configs/hparams_search/{pipeline}_{arm}.yaml" for pipeline, arm in retuned(protocol)}
-
-
-def registration(protocol: Protocol, root: Path = REPO) -> str | None:
-    """The commit that added the version's file (None: not committed yet)."""
-    name = str(protocol.path.relative_to(Path(root).resolve()))
-    log = subprocess.run(
-        ["git", "log", "--diff-filter=A", "--format=%H", "--", name], cwd=root, capture_output=True, text=True
-    )
-    added = log.stdout.split()
-    return added[-1] if added else None
-
-
-def registered_hash(protocol: Protocol, root: Path = REPO) -> str:
-    """The hash of the version's files when it was registered (its file's first commit): what its
-    rows recorded, though a later version has since changed a file it names (v6: a search space)."""
-    commit = registration(protocol, root)
-    return protocol.hash if commit is None else hash_at(protocol, commit, root)
-
-
-def check_inherited(protocol: Protocol, earlier: Protocol, root: Path = REPO) -> None:
-    """The files the earlier version named changed since its registration only where `protocol`
-    retunes: every other arm's tuning stands as it was made."""
-    commit = registration(earlier, root)
-    if commit is None:
-        raise ProtocolError(f"{earlier.path.name} is not committed: commit it before a version takes its tunings")
-    changed = []
-    for name in sorted(_named_files(earlier.spec)):
-        then = subprocess.run(["git", "show", f"{commit}:{name}"], cwd=root, capture_output=True).stdout
-        if then != _read(Path(root) / name):
-            changed.append(name)
-    extra = sorted(set(changed) - retuned_files(protocol))
-    if extra:
-        raise ProtocolError(
-            f"{', '.join(extra)} changed since v{earlier.version} was registered, but {protocol.path.name} takes "
-            f"v{earlier.version}'s tunings: restore them, or name the arms they concern in its retune"
+def reviewed(versions: Iterable[Protocol]) -> set[tuple[str, frozenset[str]]]:
+    """The reviewed changes, each (path, {blob before, blob after}): the search space of each arm a
+    version retunes, as the version whose tunings it takes registered it and as it registered it."""
+    by_version = {v.version: v for v in versions}
+    return {
+        (
+            path,
+            frozenset(_blob(v.registration, path, v.root) for v in (by_version[version.spec["tunings_from"]], version)),
         )
+        for version in by_version.values()
+        for path in version.retuned_files
+    }
 
 
-def check_unchanged(protocol: Protocol, recorded: Iterable[Any], expected: str | None = None) -> None:
-    """Refuse to add runs to a version whose files changed since its first recorded runs (or
-    whose recorded hashes are not `expected`: an earlier version's at its registration)."""
-    hashes = {str(h) for h in recorded if isinstance(h, str) and h}
-    changed = hashes - {expected or protocol.hash}
-    if changed:
+def is_reviewed(path: str, commits: tuple[str | None, str | None], changes: set, root: Path = REPO) -> bool:
+    """Whether the file's change between the two commits (None: the working tree) is a reviewed one."""
+    return (path, frozenset(_blob(c, path, root) for c in commits)) in changes
+
+
+def check_unchanged(protocol: Protocol, commits: Iterable[str | None], changes: set = frozenset()) -> None:
+    """Refuse where a file the version names is at one of `commits` (None: the working tree) not as
+    at its registration, but by a reviewed change (`changes`); where a commit lacks the version's
+    own file (a run made before it: v5's ViT runs, which v6 counts) its named files alone are
+    compared. A version recorded after its runs (`commit`: the record it names) fixed nothing."""
+    if "commit" in protocol.spec:
+        return
+    name = str(protocol.path.relative_to(protocol.root))
+    if protocol.registration is None:
+        raise ProtocolError(f"{name} is not committed: commit it (its registration) before its runs and tunings")
+    registered = _fixed(name, _reader(protocol.root, protocol.registration))
+    problems = []
+    for commit in sorted(set(commits), key=str):
+        where = [protocol.registration, *([commit] if commit else []), "--", *sorted(_named(registered))]
+        diff = subprocess.run(["git", "diff", "--name-only", *where], cwd=protocol.root, capture_output=True, text=True)
+        if diff.returncode:
+            problems.append(f"{commit}: not a commit of this repository")
+            continue
+        pair = (protocol.registration, commit)
+        changed = [f for f in diff.stdout.split() if not is_reviewed(f, pair, changes, protocol.root)]
+        read = _reader(protocol.root, commit)
+        if read(name) is not None and _fixed(name, read) != registered:
+            changed.append(name)
+        if changed:
+            problems.append(f"{commit[:12] if commit else 'the working tree'}: {', '.join(changed)}")
+    if problems:
         raise ProtocolError(
-            f"protocol {protocol.study} v{protocol.version} changed after its runs began (recorded hash "
-            f"{', '.join(sorted(changed))}, its files now hash to {protocol.hash}): a change after runs were "
-            f"recorded is a new version; restore its files (git log -- protocols/{protocol.study}) or "
-            f"write protocols/{protocol.study}/v{protocol.version + 1}.yaml"
+            f"protocol {protocol.study} v{protocol.version} changed since its registration "
+            f"({protocol.registration[:12]}): {'; '.join(problems)}; restore them (git diff "
+            f"{protocol.registration[:12]} -- <file>) or register the change as a new version of "
+            f"protocols/{protocol.study}/ (a changed search space: name its arm in its retune)"
         )

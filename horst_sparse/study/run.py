@@ -11,7 +11,8 @@ refused where the code or a config changed under its runs, then its results fold
 * **Provenance.** The study refuses to start from a dirty tree (`check_clean`), refuses runs that
   ran from one (commit `-dirty`), and where its runs span commits, refuses any whose code
   (`CODE`: horst/, pruning/, horst_sparse/training/, configs/) differs from this commit's (`git diff`), except
-  by a change reviewed in `horst_sparse/study/reviewed_changes.yaml` (one file's exact before and after).
+  by a reviewed change (a protocol version's retune: horst_sparse/study/protocol.py). A study with a
+  protocol refuses new runs and tunings where its version's files changed since its registration.
 * **Budgets.** The embedded study first runs the tunings its protocol's budget (protocols/embedded/v<N>.yaml)
   still asks for, `scripts/tune.py` per optimizer with the same trials, and stops for the picks to
   be committed; it refuses arms whose optimizers were not tuned alike (equal trials, validation
@@ -72,7 +73,6 @@ CODE = (
 # matters makes the run stale, one that does not (another pipeline's pick, a preset's sweep order,
 # a new arm) leaves it valid. (Not the recipes: one sets an environment variable, outside the config.)
 SIGNED = ("configs/tuned", "configs/study", "configs/arm")
-REVIEWED = Path(__file__).with_name("reviewed_changes.yaml")
 
 
 class StudyError(RuntimeError):
@@ -106,13 +106,15 @@ def check_clean(repo: Path = REPO) -> None:
         )
 
 
-def check_provenance(commits: Sequence[str], repo: Path = REPO, reviewed: Path = REVIEWED) -> None:
+def check_provenance(commits: Sequence[str], repo: Path = REPO, reviewed: set = frozenset()) -> None:
     """Refuse runs (and picks) from a dirty tree, and those whose commit's code differs from HEAD's
     in CODE. The picks and presets (SIGNED) are left to the signature check: a pick a run reads is
     in its config (optimizer.*, train.*), so a changed one makes the run stale, while a pick
-    committed after it for another pipeline or optimizer changes nothing it ran. A change listed in
-    the `reviewed` ledger (a file's exact blobs before and after, and why no committed number
-    depends on it) is forgiven; any other change to that file is not."""
+    committed after it for another pipeline or optimizer changes nothing it ran. A `reviewed`
+    change (protocol.reviewed: a file's exact blobs before and after) is forgiven; any other
+    change to that file is not."""
+    from horst_sparse.study.protocol import is_reviewed
+
     head = _git("rev-parse", "HEAD", repo=repo).strip()
     problems = []
     for commit in sorted(set(commits)):
@@ -126,7 +128,7 @@ def check_provenance(commits: Sequence[str], repo: Path = REPO, reviewed: Path =
         except subprocess.CalledProcessError:
             problems.append(f"{commit[:12]}: not a commit of this repository")
             continue
-        files = [f for f in files if not _reviewed(f, commit, head, repo, reviewed)]
+        files = [f for f in files if not is_reviewed(f, (commit, head), reviewed, repo)]
         if files:
             problems.append(
                 f"{commit[:12]}: its code differs from HEAD's in {len(files)} file(s): {', '.join(files[:5])}"
@@ -136,18 +138,6 @@ def check_provenance(commits: Sequence[str], repo: Path = REPO, reviewed: Path =
             "the study's runs did not all run this commit's code; rerun them (delete their rows of "
             "runs.csv and their folders) or check out their commit:\n  " + "\n  ".join(problems)
         )
-
-
-def _reviewed(path: str, commit: str, head: str, repo: Path, ledger: Path) -> bool:
-    """Whether the file's change from `commit` to `head` is one of the ledger's exact pairs of blobs."""
-    reviewed = (yaml.safe_load(ledger.read_text()) if ledger.is_file() else None) or []
-    if not any(r["path"] == path for r in reviewed):
-        return False
-    try:
-        before, after = (_git("rev-parse", f"{c}:{path}", repo=repo).strip() for c in (commit, head))
-    except subprocess.CalledProcessError:  # added or deleted: not a reviewable pair
-        return False
-    return any((r["path"], r["before"], r["after"]) == (path, before, after) for r in reviewed)
 
 
 def _preset(name: str, configs: Path = CONFIGS) -> dict[str, Any]:
@@ -383,8 +373,6 @@ def readme(
     )
     versioned = ""
     if protocol is not None:
-        from horst_sparse.study import protocol as protocols
-
         counts = mine.drop_duplicates("run").pipeline.value_counts()
         versioned = (
             f"It runs protocol {protocol.label} ({protocol.path.relative_to(REPO)}, hash `{protocol.hash}`), "
@@ -392,7 +380,7 @@ def readme(
             + (
                 f", at the picks of protocol v{protocol.spec['tunings_from']}'s tunings (the same files and budget; "
                 "it differs in its declared edges"
-                + "".join(f", and tunes {p}'s {a} anew" for p, a in sorted(protocols.retuned(protocol)))
+                + "".join(f", and tunes {p}'s {a} anew" for p, a in sorted(protocol.retuned))
                 + ")"
                 if protocol.spec.get("tunings_from")
                 else ""
@@ -472,16 +460,12 @@ def tunings(protocol: Any, jobs: Sequence[Job], versions: Sequence[Any] = ()) ->
     """The `horst-tune` command lines the protocol's budget (its `tuning`) still asks for: each set
     of tuned values its jobs read (`tuned_as`) whose pick was not made under this protocol version
     (a tuning already made is not redone). A version that takes an earlier one's tunings
-    (`tunings_from`, `protocol.tuned_under`) runs at that version's picks, checked against its
-    registered hash, and tunes anew only the arms it names in `retune`. A stopped tuning continues
-    in its folder, outputs/<study>/v<N>/tuning/<pipeline>/<arm>."""
+    (`tunings_from`, `protocol.tuned_under`) runs at that version's picks and tunes anew only the
+    arms it names in `retune`. A stopped tuning continues in its folder,
+    outputs/<study>/v<N>/tuning/<pipeline>/<arm>."""
     from horst_sparse.study import protocol as protocols
 
     earlier = protocols.tuned_under(protocol, versions) if versions else protocol
-    if earlier is not protocol:
-        protocols.check_inherited(protocol, earlier)
-        protocols.check_unchanged(earlier, tuning_hashes(earlier), expected=protocols.registered_hash(earlier))
-    anew = protocols.retuned(protocol)
     budget = protocol.tuning
     lines = []
     for pipeline, group in itertools.groupby(sorted(jobs, key=lambda j: j.pipeline), key=lambda j: j.pipeline):
@@ -489,15 +473,15 @@ def tunings(protocol: Any, jobs: Sequence[Job], versions: Sequence[Any] = ()) ->
         recipe = group[0].recipe
         for arm in sorted({j.config["tuned_as"] for j in group}):
             record = (group[0].config["tuned"].get(arm) or {}).get("provenance") or {}
-            made = (record.get("protocol") or {}).get("hash")
-            if earlier is not protocol and (pipeline, arm) not in anew:
-                if made != protocols.registered_hash(earlier):
+            made = (record.get("protocol") or {}).get("version")
+            if earlier is not protocol and (pipeline, arm) not in protocol.retuned:
+                if made != earlier.version:
                     raise StudyError(
                         f"{protocol.path.name} runs {pipeline} {arm} at v{earlier.version}'s pick, but "
                         f"configs/tuned/ holds none of v{earlier.version}'s: restore it (git log -- configs/tuned)"
                     )
                 continue
-            if made == protocol.hash:
+            if made == protocol.version:
                 continue
             folder = Path("outputs") / protocol.study / f"v{protocol.version}" / "tuning" / pipeline / arm
             lines.append(
@@ -523,12 +507,26 @@ def tunings(protocol: Any, jobs: Sequence[Job], versions: Sequence[Any] = ()) ->
     return lines
 
 
-def tuning_commits(jobs: Sequence[Job]) -> list[str]:
-    """The commits the picks the jobs run at were made at (scripts/tune.py's provenance)."""
-    commits = {
-        ((job.config["tuned"].get(job.config["tuned_as"]) or {}).get("provenance") or {}).get("commit") for job in jobs
-    }
-    return sorted(c for c in commits if c)
+def picks(jobs: Sequence[Job]) -> set[tuple[int | None, str]]:
+    """(protocol version, commit) of each pick the jobs run at (scripts/tune.py's provenance)."""
+    made = [(job.config["tuned"].get(job.config["tuned_as"]) or {}).get("provenance") or {} for job in jobs]
+    return {((p.get("protocol") or {}).get("version"), p["commit"]) for p in made if p.get("commit")}
+
+
+def check_protocol(current: Any, versions: Sequence[Any], rows: pd.DataFrame, jobs: Sequence[Job]) -> None:
+    """Before new tunings and runs: the files of the current version, and of the version whose
+    tunings it takes, are as their registrations left them, in the working tree and at every
+    commit their rows and picks were made at (protocol.check_unchanged)."""
+    from horst_sparse.study import protocol as protocols
+
+    reviewed = protocols.reviewed(versions)
+    made = picks(jobs)
+    earlier = protocols.tuned_under(current, versions)
+    protocols.check_unchanged(
+        current, [None, *rows.git_commit.dropna(), *(c for v, c in made if v == current.version)], reviewed
+    )
+    if earlier is not current:
+        protocols.check_unchanged(earlier, [None, *(c for v, c in made if v == earlier.version)], reviewed)
 
 
 def run_tunings(lines: Sequence[list[str]]) -> None:
@@ -579,7 +577,7 @@ def run_study(
             if "protocol" in earlier
             else earlier[:0]
         )
-        protocols.check_unchanged(current, [*mine.get("protocol_hash", []), *tuning_hashes(current)])
+        check_protocol(current, versions, mine, jobs)
         missing = tunings(current, jobs, versions)
         if missing:
             run_tunings(missing)
@@ -608,7 +606,10 @@ def run_study(
         # at picks this code made: a code change may move a tuning's optimum; the demo only shows
         # the pipelines at the picks they read). A report adds no run: the record's numbers stand,
         # each with its commit, whatever the code has become since.
-        check_provenance([*frame.git_commit.dropna().unique(), *(tuning_commits(every) if current else [])])
+        check_provenance(
+            [*frame.git_commit.dropna().unique(), *(c for _, c in (picks(every) if current else ()))],
+            reviewed=protocols.reviewed(versions),
+        )
         status = run_multiruns(multiruns(todo, extra), extra)
         frame, folders = runs_of(every, record, version)
     if current is not None:
@@ -629,16 +630,6 @@ def run_study(
     mine = frame if current is None else frame[frame["protocol"] == current.version]
     missing = len(jobs) - mine.run.isin({j.run for j in jobs}).sum()
     return status or int(missing > 0)
-
-
-def tuning_hashes(protocol: Any) -> list[str]:
-    """The protocol hashes the tuning records hold for this version's rows."""
-    hashes = []
-    for csv in (REPO / "results" / "tuning").glob("*/*/tuning.csv"):
-        rows = pd.read_csv(csv)
-        if "protocol" in rows:
-            hashes += list(rows.loc[rows["protocol"] == protocol.version, "protocol_hash"].dropna())
-    return hashes
 
 
 def write_versions_report(
@@ -701,6 +692,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     import argparse
 
     from horst_sparse.pipeline import names
+    from horst_sparse.study.protocol import ProtocolError
     from horst_sparse.training.config import RunError
 
     parser = argparse.ArgumentParser(
@@ -741,5 +733,5 @@ def main(argv: Sequence[str] | None = None) -> None:
             status = max(status, compare_with_reference(read_record([out / "runs.csv"]), reference / "runs.csv"))
             print(f"the demo took {(time.monotonic() - started) / 60:.1f} min here ({os.cpu_count()} CPUs)")
         sys.exit(status)
-    except (StudyError, NoRunsError, RunError) as error:  # RunError: the tuning's BudgetError
+    except (StudyError, NoRunsError, RunError, ProtocolError) as error:  # RunError: the tuning's BudgetError
         sys.exit(f"error: {error}")
