@@ -176,6 +176,16 @@ def test_the_embedded_study_is_its_presets_and_tunes_what_its_budget_asks_for(em
         study.tunings(current, picked({**{a: inherited for a in arms}, ("vit", "adamw"): 5}), versions)
 
 
+def test_a_study_whose_newest_version_names_no_presets_is_refused(monkeypatch):
+    """A version recorded after the fact (v1: the commit of its runs, no presets) cannot be run."""
+    from horst_sparse.study import protocol
+
+    first = protocol.versions("embedded")[:1]
+    monkeypatch.setattr(protocol, "versions", lambda study: first)
+    with pytest.raises(study.StudyError, match="v1.yaml names no presets: the study has no version to run"):
+        study.run_study("embedded", report_only=True)
+
+
 def test_the_cost_table_is_measured_from_the_runs(embedded_jobs):
     """The study's README states what it cost from the record: wall time a run, the tuning budget,
     the machine and threads the runs recorded, and what the whole takes at that rate."""
@@ -249,6 +259,8 @@ def test_provenance_refuses_dirty_trees_and_runs_of_other_code(tmp_path):
         study.check_provenance([first, second], repo)
     with pytest.raises(study.StudyError, match="-dirty: ran from a tree with uncommitted changes"):
         study.check_provenance([second + "-dirty"], repo)
+    with pytest.raises(study.StudyError, match="0000000000: not a commit of this repository"):
+        study.check_provenance(["0" * 40], repo)
     # a pick committed later (configs/tuned/) is the signature check's: runs that read it are stale
     (repo / "configs" / "tuned").mkdir(parents=True)
     (repo / "configs" / "tuned" / "gpt2.yaml").write_text("lr: 1.0e-3\n")
