@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -11,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from conftest import ROOT
 from omegaconf import OmegaConf
 
 from horst_sparse.gpt2.data import (
@@ -245,6 +249,79 @@ def test_prepare_slimpajama_from_local_parquet(tmp_path, capsys):
     assert "skipping split 'train'" in printed and "skipping split 'validation'" in printed
     assert (out / "train.bin").stat().st_mtime_ns == train_mtime
     assert (out / "test.bin").is_file() and not list(out.glob("*.tmp"))
+
+
+def test_the_dry_run_states_the_download_the_disk_and_the_time_from_the_dataset_card(tmp_path, capsys):
+    script = _load_script()
+    out = tmp_path / "out"
+    script.main(
+        ["--out", str(out), "--cache-dir", str(tmp_path / "cache"), "--dry-run", "--bandwidth", "50", "--num-proc", "4"]
+    )
+    printed = capsys.readouterr().out
+    card = script.HUB_CARD
+    tokens = sum(card["split_bytes"].values()) / (card["split_bytes"]["train"] / card["train_tokens"])
+    assert f"download: {card['download_bytes'] / 1e9:,.1f} GB" in printed  # 14.0 GB: the card's download_size
+    assert f"{2 * tokens / 1e9:,.1f} GB stay once the two caches are deleted" in printed  # uint16 tokens
+    minutes = round(card["download_bytes"] / 50e6 / 60)
+    assert f"the download {minutes} min at 50 MB/s (--bandwidth)" in printed and "x 4 processes (--num-proc" in printed
+    assert f"{out} {2 * tokens / 1e9:,.1f} GB for the token files (--out)" in printed
+    assert "note: HF_HUB_OFFLINE=1 is set, so the run stops at once" in printed  # conftest's offline hub
+    assert printed.rstrip().endswith("dry run: nothing downloaded or written")
+    assert not out.exists() and not (tmp_path / "cache").exists()
+
+
+def test_the_dry_run_of_a_local_copy_measures_its_parquet_files(tmp_path, capsys):
+    _slimpajama_like(tmp_path / "src")
+    _load_script().main(["--source", str(tmp_path / "src"), "--out", str(tmp_path / "out"), "--dry-run"])
+    printed = capsys.readouterr().out
+    assert "200 documents (160 train, 20 validation, 20 test)" in printed
+    assert f"sizes from the parquet files in {tmp_path / 'src'}" in printed and "download: 0.0 GB" in printed
+    assert "the download none" in printed and "note:" not in printed
+
+
+def _prepare_from_the_hub(tmp_path, **env) -> subprocess.CompletedProcess:
+    """The script from the hub in a clean environment: no offline variables but those in `env`,
+    an empty Hugging Face cache."""
+    clean = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "MAKELEVEL")}
+    command = [sys.executable, str(ROOT / "scripts" / "prepare_slimpajama.py"), "--out", str(tmp_path / "out")]
+    return subprocess.run(
+        command,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=clean | {"HF_HOME": str(tmp_path / "hf")} | env,
+    )
+
+
+@pytest.mark.parametrize(
+    "env,origin",
+    [
+        ({"HF_HUB_OFFLINE": "1"}, "it comes from this process's environment"),
+        ({"HF_HUB_OFFLINE": "1", "MAKELEVEL": "1"}, "make exports it to its targets"),
+    ],
+)
+def test_offline_without_the_dataset_cached_stops_at_once_naming_the_variable_and_the_fix(tmp_path, env, origin):
+    done = _prepare_from_the_hub(tmp_path, **env)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1 and "Retrying" not in done.stderr, done.stderr
+    assert done.stderr.startswith("error: HF_HUB_OFFLINE=1 is set, so the hub is not asked, and split 'train' of ")
+    assert (
+        origin in done.stderr
+        and "env -u HF_HUB_OFFLINE -u HF_DATASETS_OFFLINE python scripts/prepare_slimpajama.py" in done.stderr
+    )
+
+
+def test_a_hub_out_of_reach_stops_at_once_naming_it(tmp_path):
+    import socket
+
+    with socket.socket() as closed:  # a loopback port nothing listens on: refused at once
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    done = _prepare_from_the_hub(tmp_path, HF_ENDPOINT=f"http://127.0.0.1:{port}")
+    assert done.returncode == 1 and done.stderr.count("\n") == 1 and "Retrying" not in done.stderr, done.stderr
+    assert done.stderr.startswith(f"error: cannot reach the hub at http://127.0.0.1:{port} (")
+    assert "Connection refused" in done.stderr and "pass --source FOLDER" in done.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_write_tokens_checks_the_count(tmp_path):

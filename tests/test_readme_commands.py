@@ -1,5 +1,6 @@
 """Every command in the README's code blocks (and in results/tuning/README.md's, which says how
-the alpha/beta picks were made) still works as written.
+the alpha/beta picks were made, and in docs/full_scale.md's, the guide to the full-scale tables)
+still works as written.
 
 * `train_gpt2.py` / `train_vit.py` commands (plain, `-m` multiruns, `torchrun`): every cell is
   expanded and composed as Hydra would launch it (`scripts/plan.py`'s expansion) and passes
@@ -49,8 +50,10 @@ TUNING = [
     for c in readme_commands(ROOT / "results" / "tuning" / "README.md")
     if c.startswith(("python ", "horst-"))
 ]
-ENTRY = [c for c in COMMANDS + TUNING if re.search(r"\btrain_(gpt2|vit)\.py\b", c) and "horst-plan" not in c]
-SCRIPTS = [c for c in COMMANDS + TUNING if re.search(r"\b(scripts|bench)/\w+\.py\b|(^|/)horst-[a-z-]+\b", c)]
+GUIDE = readme_commands(ROOT / "docs" / "full_scale.md")
+EVERY = list(dict.fromkeys(COMMANDS + TUNING + GUIDE))  # a command in two of them is tested once
+ENTRY = [c for c in EVERY if re.search(r"\btrain_(gpt2|vit)\.py\b", c) and "horst-plan" not in c]
+SCRIPTS = [c for c in EVERY if re.search(r"\b(scripts|bench)/\w+\.py\b|(^|/)horst-[a-z-]+\b", c)]
 MAKE = [c for c in COMMANDS if c.startswith("make ")]
 SOURCE = [c for c in COMMANDS if c.startswith("source ")]
 
@@ -60,6 +63,7 @@ def test_the_readme_has_the_commands_this_test_knows():
     known = set(ENTRY) | set(SCRIPTS) | set(MAKE) | set(SOURCE)
     assert set(COMMANDS) <= known, set(COMMANDS) - known
     assert len(TUNING) == 13 and set(TUNING) <= set(ENTRY) | set(SCRIPTS)
+    assert GUIDE and set(GUIDE) <= set(ENTRY) | set(SCRIPTS)
 
 
 @pytest.mark.parametrize("command", ENTRY)

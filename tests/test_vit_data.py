@@ -71,7 +71,11 @@ def test_valid_root_gives_its_classes(imagenet_root):
         ("unset", "data.root is not set; pass data.root=/path/to/imagenet"),
         ("missing", "does not exist or is not a folder"),
         ("no_val", "has no val/ folder"),
-        ("flat_val", r"val/ has no class folders \(2 images lie directly in it: sort them into one folder per class\)"),
+        (
+            "flat_val",
+            r"val/ has no class folders \(2 images lie directly in it: sort them into one folder per class; "
+            r"scripts/prepare_imagenet.py does so from the official archives\)",
+        ),
         ("mismatch", r"not the same ones \(only in train: \['n01443537'\], only in val: \['n99999999'\]\)"),
         ("empty_class", "Found no valid file for the classes n01443537"),
     ],

@@ -186,7 +186,12 @@ def check_imagefolder_root(root: str | None) -> list[str]:
         classes[split] = sorted(d.name for d in folder.iterdir() if d.is_dir())
         if not classes[split]:
             loose = sum(1 for f in folder.iterdir() if f.suffix.lower() in IMAGE_EXTENSIONS)
-            hint = f" ({loose} images lie directly in it: sort them into one folder per class)" if loose else ""
+            hint = (
+                f" ({loose} images lie directly in it: sort them into one folder per class; "
+                "scripts/prepare_imagenet.py does so from the official archives)"
+                if loose
+                else ""
+            )
             raise DataLayoutError(f"data.root={root}: {split}/ has no class folders{hint}; {IMAGENET_LAYOUT}")
     if classes["train"] != classes["val"]:
         only_train = sorted(set(classes["train"]) - set(classes["val"]))[:3]
