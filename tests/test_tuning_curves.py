@@ -4,6 +4,7 @@ command's files."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from horst_sparse.analysis.tuning_curves import axis_range, curves, order, verdict
+from horst_sparse.analysis.tuning_curves import axis_range, curves, expected_best, order, verdict
 
 
 def record(scores: dict[str, list[float]]) -> pd.DataFrame:
@@ -168,3 +169,34 @@ def test_the_figure_is_scaled_to_the_curves_not_to_an_unbounded_band():
     assert 1.0 < bottom < curve["median"].min() and curve["median"].max() < top < math.inf
     bounded = curve.low[curve.low > 1.0]
     assert bottom <= bounded.min()
+
+
+def test_the_expected_best_is_the_mean_best_over_every_subset_drawn_without_replacement():
+    scores = np.array([60.0, 55.0, math.inf, 70.0, 52.0, 65.0, math.inf])
+    for maximize, sign in ((False, 1.0), (True, -1.0)):
+        got = expected_best(sign * scores, np.arange(1, 8), maximize=maximize)
+        best = max if maximize else min
+        brute = [np.mean([best(c) for c in itertools.combinations(sign * scores, k)]) for k in range(1, 8)]
+        np.testing.assert_allclose(got, brute)
+    # two failed trials: the worst end at k <= 2 only, finite from k = 3 (with replacement: never)
+    got = expected_best(scores, np.arange(1, 8), maximize=False)
+    assert np.isinf(got[:2]).all() and np.isfinite(got[2:]).all() and got[-1] == 52.0
+
+
+def test_a_version_that_runs_an_earlier_tuning_gets_curves_of_every_arm_it_ran(tmp_path):
+    """v2 retunes horst alone and runs adamw at v1's pick: its as-run curves hold v2's horst and v1's adamw."""
+    v1 = record({"adamw": [0.5, 0.6, 0.7], "horst": [0.4, 0.5, 0.6]}).assign(protocol=1, stage="search", seed=100)
+    v2 = record({"horst": [0.65, 0.75, 0.8]}).assign(protocol=2, stage="search", seed=100)
+    path = tmp_path / "tuning.csv"
+    pd.concat([v1, v2], ignore_index=True).to_csv(path, index=False)
+    command = [str(Path(sys.executable).parent / "horst-tuning-curves"), str(path), "--maximize", "--support", "0", "1"]
+    done = subprocess.run([*command, "--draws", "50", "--inherit", "2=1"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    ran = pd.read_csv(tmp_path / "tuning_curves_v2_as_run.csv")
+    assert sorted(set(ran.arm)) == ["adamw", "horst"] and ran[ran.arm == "horst"]["median"].iloc[-1] == 0.8
+    assert "protocol v2 as run (adamw: v1's tuning)" in (tmp_path / "tuning_curves_v2_as_run.md").read_text()
+    assert set(pd.read_csv(tmp_path / "tuning_curves_v2.csv").arm) == {"horst"}  # its own tuning, as before
+    refused = subprocess.run([*command, "--inherit", "2=7"], capture_output=True, text=True)
+    assert refused.returncode != 0 and refused.stderr.strip() == (
+        "error: --inherit 2=7: the record has no tuning of protocol v7"
+    )

@@ -6,8 +6,9 @@ fixes: the curves show whether the arms' order holds at every budget or turns on
 From a tuning record (`results/tuning/<pipeline>/<recipe>/tuning.csv`: one row per trial of each
 arm) per arm: the median tuning curve (the median of the best score of k trials drawn from the
 arm's search distribution) with its simultaneous band at CONFIDENCE, from the band of the
-scores' CDF (opda's `ld_highest_density`), and the expected best of k trials (the average tuning
-curve of the empirical distribution). A failed trial scores the worst end of the support.
+scores' CDF (opda's `ld_highest_density`), and the expected best of k trials drawn without
+replacement from the arm's n (`expected_best`: the mean best over every k-subset, exact). A failed
+trial scores the worst end of the support.
 
 A newer record has a `protocol` column (the study protocol's version) and a `stage` one:
 "search" for the N quasi-random trials at the search seed, "rerun" for the top-k of them rerun at
@@ -46,6 +47,21 @@ def _arms(trials: pd.DataFrame) -> list[str]:
     return [a for a in tables.ARM_ORDER if a in present] + sorted(present - set(tables.ARM_ORDER))
 
 
+def expected_best(scores: np.ndarray, ks: np.ndarray, *, maximize: bool) -> np.ndarray:
+    """The expected best score of k trials drawn without replacement from `scores`, for each k:
+    over all C(n, k) subsets, the i-th worst of n is the best of C(i - 1, k - 1) of them. A search
+    draws its trials without replacement; with replacement (the empirical distribution's average
+    tuning curve) one failed trial makes every k's expectation the worst end, as k trials can all
+    be that one. Here it is the worst end only for k up to the number of failed trials."""
+    goodness = np.sort(np.asarray(scores, dtype=float) * (1 if maximize else -1))  # worst first
+    n = len(goodness)
+    out = []
+    for k in ks:
+        weights = [math.comb(i - 1, k - 1) / math.comb(n, k) for i in range(1, n + 1)]
+        out.append(sum(w * g for w, g in zip(weights, goodness) if w > 0) * (1 if maximize else -1))
+    return np.array(out, dtype=float)
+
+
 def arm_curve(scores: np.ndarray, *, maximize: bool, support: tuple[float, float]) -> pd.DataFrame:
     """k, median, low, high, expected of one arm's trial scores."""
     from opda.nonparametric import EmpiricalDistribution
@@ -65,7 +81,7 @@ def arm_curve(scores: np.ndarray, *, maximize: bool, support: tuple[float, float
             "median": point.quantile_tuning_curve(ks, minimize=minimize),
             "low": upper_cdf.quantile_tuning_curve(ks, minimize=minimize),
             "high": lower_cdf.quantile_tuning_curve(ks, minimize=minimize),
-            "expected": point.average_tuning_curve(ks, minimize=minimize),
+            "expected": expected_best(ys, ks, maximize=maximize),
         }
     )
 
@@ -451,10 +467,11 @@ def write_curves(
     maximize: bool,
     support: tuple[float, float],
     log_y: bool,
+    stem: str | None = None,
 ) -> str:
     """One protocol's curves of the search stage: tuning_curves.md, .csv and .png (with
-    _v<version> for a versioned protocol); returns the markdown. top_k: the trials each arm reran."""
-    stem = "tuning_curves" if version is None else f"tuning_curves_v{version}"
+    _v<version> for a versioned protocol, or `stem`); returns the markdown. top_k: the trials each arm reran."""
+    stem = stem or ("tuning_curves" if version is None else f"tuning_curves_v{version}")
     curve = curves(trials, maximize=maximize, support=support)
     scope = (
         f" The curves are of the search stage alone (each arm's trials at its search seed); the reruns of "
@@ -467,6 +484,14 @@ def write_curves(
     tables.write_csv(curve, out / f"{stem}.csv")
     figure(curve, out / f"{stem}.png", title=title, ylabel=str(trials.metric.iloc[0]), log_y=log_y, support=support)
     return text
+
+
+def as_run(trials: pd.DataFrame, version: int, inherited_from: int) -> tuple[pd.DataFrame, list[str]]:
+    """The tuning rows of every arm `version` ran: its own tunings, and for an arm it did not tune,
+    the tuning of `inherited_from` whose pick it runs at; and the arms so inherited."""
+    own = trials[trials.protocol == version]
+    earlier = trials[(trials.protocol == inherited_from) & ~trials.arm.isin(set(own.arm))]
+    return pd.concat([own, earlier]), _arms(earlier) if len(earlier) else []
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -498,7 +523,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--log", action="store_true", help="a log-scale score axis (perplexity)")
     parser.add_argument("--draws", type=int, default=DRAWS, help=f"bootstrap draws of the pick (default {DRAWS})")
     parser.add_argument("--out", type=Path, help="the folder to write (default: the record's)")
+    parser.add_argument("--inherit", action="append", default=[], metavar="V=U",
+                        help="version V runs the picks of version U's tuning for the arms it does not tune itself: "
+                             "also write V's curves of every arm as it ran them (tuning_curves_v<V>_as_run.*)")  # fmt: skip
     args = parser.parse_args(argv)
+    inherits = []
+    for spec in args.inherit:
+        version, _, source = spec.partition("=")
+        if not (version.isdigit() and source.isdigit()):
+            sys.exit(f"error: --inherit {spec}: give V=U, two protocol versions, e.g. --inherit 6=4")
+        inherits.append((int(version), int(source)))
     if not args.record.is_file():
         sys.exit(f"error: no tuning record {args.record}: give a tuning.csv that horst-tune wrote")
     trials = pd.read_csv(args.record)
@@ -536,6 +570,21 @@ def main(argv: list[str] | None = None) -> None:
         stability.append(
             table.assign(protocol=version)[["protocol", *table.columns]] if "protocol" in trials else table
         )
+    for version, source in inherits:
+        if "protocol" not in trials or not (trials.protocol == source).any():
+            sys.exit(f"error: --inherit {version}={source}: the record has no tuning of protocol v{source}")
+        part, inherited = as_run(trials, version, source)
+        title = (
+            f"Tuning curves of {', '.join(_arms(part))}, protocol v{version} as run ({', '.join(inherited)}: "
+            f"v{source}'s tuning), search stage ({args.record})"
+        )
+        texts.append(
+            write_curves(
+                part, out, version=version, top_k=rerun_trials(part), title=title, written_by=written_by,
+                maximize=args.maximize, support=tuple(args.support), log_y=args.log,
+                stem=f"tuning_curves_v{version}_as_run",
+            )
+        )  # fmt: skip
     texts.append(f"{written_by}.\n\n" + "\n".join(sections))
     (out / "pick_stability.md").write_text(texts[-1])
     tables.write_csv(pd.concat(stability, ignore_index=True), out / "pick_stability.csv")
