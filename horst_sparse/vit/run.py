@@ -25,6 +25,7 @@ import pruning
 from horst_sparse.training.checkpoint import CheckpointError
 from horst_sparse.training.config import ConfigError
 from horst_sparse.training.distributed import all_reduce_mean
+from horst_sparse.training.engine import optimizer_overrides, use_engine_
 from horst_sparse.training.env import autocast, seed_rngs
 from horst_sparse.training.optim import build_optimizer
 from horst_sparse.training.run_log import RunLogger, optimizer_label, progress_bar
@@ -184,6 +185,7 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
         repeated_aug=cfg.data.repeated_aug,
         num_workers=cfg.data.num_workers,
         pin_memory=pin_memory,
+        in_memory=cfg.engine == "fast",
     )
     val_batches = eval_loader(
         val_set,
@@ -192,6 +194,7 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
         world_size=dist.world_size,
         num_workers=cfg.data.num_workers,
         pin_memory=pin_memory,
+        in_memory=cfg.engine == "fast",
     )
     steps_per_epoch = len(train_batches)
     if steps_per_epoch == 0:
@@ -199,13 +202,16 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
 
     # ---- model, prunable set, AC/DC, optimizer, LR schedule ----------------------------------
     model = build_model(cfg.model, num_classes=len(classes), in_chans=data.in_chans).to(device)
+    use_engine_(model, cfg.engine)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
     prunable = prunable_set(model, acdc)
     sparsifier = pruning.Sparsifier(prunable)
     schedule = acdc_schedule(acdc, epochs=t.epochs)
     lr = scaled_lr(t)
-    optimizer = build_optimizer(cfg.optimizer, model, lr=lr, prunable_names=prunable.keys())
+    optimizer = build_optimizer(
+        cfg.optimizer, model, lr=lr, prunable_names=prunable.keys(), **optimizer_overrides(cfg.engine)
+    )
     scheduler = build_lr_scheduler(
         optimizer,
         total_steps=t.epochs * steps_per_epoch,
@@ -375,6 +381,7 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
             world_size=dist.world_size,
             num_workers=cfg.data.num_workers,
             pin_memory=pin_memory,
+            in_memory=cfg.engine == "fast",
         )
         test = evaluate(forward_model, test_batches, device=device, dtype=r.dtype, channels_last=channels_last)
         final.update(top1=test["top1"], top5=test["top5"])
