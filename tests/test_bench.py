@@ -54,3 +54,14 @@ def test_the_cpu_mode_bench_times_each_run_in_both_modes():
     table = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| ") and "---" not in line][1:]
     assert [row[0].strip() for row in table] == ["vit (mnist1d, 40 epochs)", "gpt2 (pydoc, 8 updates)"]
     assert all(float(row[3]) > 0 for row in table)
+
+
+@pytest.mark.slow  # ~2 min: eight short runs, two at a time
+def test_the_engine_cost_bench_compares_both_engines_side_by_side():
+    out = bench("engine_cost.py", "--quick")
+    assert "two runs side by side" in out and "reproducible CPU mode True" in out
+    table = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| ") and "---" not in line]
+    costs, finals = table[1:3], table[4:]
+    assert [row[0].strip() for row in costs] == ["vit (mnist1d, 4 epochs)", "gpt2 (pydoc, 4 updates)"]
+    assert all(float(row[5]) > 0 for row in costs)  # runs per hour, fast / reference
+    assert [row[1].strip() for row in finals] == ["top-1", "dense perplexity"]

@@ -8,15 +8,18 @@
 
   - every `nn.Linear` (and GPT-2's `Conv1D`) multiplies through oneDNN instead of MKL
     (`_OneDNNLinear`): under the reproducible CPU mode MKL runs its COMPATIBLE branch
-    (`MKL_CBWR=COMPATIBLE,STRICT`), which is 2-4x slower than oneDNN on the small matrices of
-    the embedded models; oneDNN is pinned to AVX2 (`ONEDNN_MAX_CPU_ISA=AVX2`) by the same mode,
+    (`MKL_CBWR=COMPATIBLE,STRICT`), several times slower than oneDNN on the small matrices of
+    the embedded models (results/bench/engine_profile.md); oneDNN is pinned to AVX2 (`ONEDNN_MAX_CPU_ISA=AVX2`) by the same mode,
     as for the convolutions and GELU it already runs in both engines (horst_sparse.cpu_mode);
+  - GPT-2's tanh GELU as torch's one fused kernel, not six elementwise ops (`_fused_gelu_tanh`);
   - the optimizer's fast path (`fused=True`: horst's C kernel on the CPU, built by the system C
     compiler, as the GPT-2 recipe runs it in both engines) instead of the plain eager path;
   - a data set held in memory as tensors (MNIST-1D) is batched by indexing, not item by item
-    through a DataLoader (`horst_sparse.vit.data.TrainLoader`): the same batches, bit for bit.
+    through a DataLoader (`horst_sparse.vit.data.TrainLoader`): the same batches, bit for bit;
+  - a CPU run reseeds only the CPU generator before each ViT batch (`seed_rngs(cpu_only=True)`):
+    the same draws, without queueing a seed for every CUDA device.
 
-`results/engine_cost.txt` (bench/engine_cost.py) measures what each saves.
+`results/bench/engine_cost.txt` (bench/engine_cost.py) measures the runs per hour of both.
 """
 
 from __future__ import annotations
@@ -87,6 +90,24 @@ def _onednn_conv1d(conv1d: type) -> type:
     return type("OneDNNConv1D", (conv1d,), {"forward": forward, "__doc__": _onednn_conv1d.__doc__})
 
 
+@functools.cache
+def _fused_gelu_tanh(new_gelu: type) -> type:
+    """Hugging Face's `NewGELUActivation` (GPT-2's tanh GELU, six elementwise ops and their six
+    backward ones) as the one kernel of `F.gelu(x, approximate="tanh")`: the same function."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.gelu(x, approximate="tanh")
+
+    return type("FusedGELUTanh", (new_gelu,), {"forward": forward, "__doc__": _fused_gelu_tanh.__doc__})
+
+
+# Hugging Face's modules the fast engine replaces, by (module, class name): not imported by the ViT
+_HF_REPLACEMENTS = {
+    ("transformers.pytorch_utils", "Conv1D"): _onednn_conv1d,
+    ("transformers.activations", "NewGELUActivation"): _fused_gelu_tanh,
+}
+
+
 def use_engine_(model: torch.nn.Module, engine: str) -> torch.nn.Module:
     """`model` with its linear layers on `engine`'s kernels (in place: the modules keep their
     parameters, so optimizer, pruning masks and checkpoints see the same tensors). The engines
@@ -97,8 +118,8 @@ def use_engine_(model: torch.nn.Module, engine: str) -> torch.nn.Module:
         kind = type(module)
         if kind is torch.nn.Linear:
             module.__class__ = OneDNNLinear
-        elif (kind.__module__, kind.__name__) == ("transformers.pytorch_utils", "Conv1D"):  # not imported by the ViT
-            module.__class__ = _onednn_conv1d(kind)
+        elif (kind.__module__, kind.__name__) in _HF_REPLACEMENTS:
+            module.__class__ = _HF_REPLACEMENTS[kind.__module__, kind.__name__](kind)
     return model
 
 

@@ -32,11 +32,16 @@ def seed_everything(seed: int, *, deterministic: bool = False) -> None:
         torch.backends.cudnn.allow_tf32 = True
 
 
-def seed_rngs(seed: int) -> None:
-    """Seed python's, numpy's and torch's (every device's) random number generators."""
+def seed_rngs(seed: int, *, cpu_only: bool = False) -> None:
+    """Seed python's, numpy's and torch's (every device's) random number generators; `cpu_only`:
+    torch's CPU generator alone, the only one a CPU run draws from (`torch.manual_seed` also
+    queues a seed for every CUDA device, with a stack trace, even where CUDA never starts)."""
     random.seed(seed)
     np.random.seed(seed)
-    torch.manual_seed(seed)
+    if cpu_only:
+        torch.default_generator.manual_seed(seed)
+    else:
+        torch.manual_seed(seed)
 
 
 # The oldest Linux driver that runs each CUDA major (NVIDIA's CUDA toolkit release notes: 13.0 GA

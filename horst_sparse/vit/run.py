@@ -165,6 +165,7 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
     )
     dist, device, t, acdc = r.dist, r.device, cfg.train, cfg.acdc
     channels_last = device.type == "cuda"
+    cpu_fast = cfg.engine == "fast" and device.type == "cpu"
 
     # ---- data: the same timm pipeline for ImageNet and the digits; test only if reported ------
     skipped_log = r.run_dir / "skipped_images.txt"  # data.skip_corrupt: the unreadable images met
@@ -283,7 +284,7 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
         # Resumed mid-epoch: from the next batch on, without loading the done ones (TrainLoader).
         for images, targets in train_batches.epoch(epoch, start=batch):
             # Mixing and drop path draw from (seed, epoch, rank, batch): a resumed run replays them.
-            seed_rngs(epoch_seed(cfg.seed, epoch, dist.rank + 1, batch))
+            seed_rngs(epoch_seed(cfg.seed, epoch, dist.rank + 1, batch), cpu_only=cpu_fast)
             images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
             if channels_last:
                 images = images.contiguous(memory_format=torch.channels_last)
