@@ -171,3 +171,15 @@ def test_the_fast_engine_trains_to_the_same_bits_twice_and_rounds_otherwise_than
     assert abs(float.fromhex(first["curve"]["1"]) - float.fromhex(reference["curve"]["1"])) < 1e-5  # ... of one loss
     assert first["summary"]["train"]["steps"] == reference["summary"]["train"]["steps"] == 60
     assert abs(first["summary"]["top1"] - reference["summary"]["top1"]) < 0.1
+
+
+def test_a_run_recorded_without_an_engine_is_the_same_cell_as_either_engine():
+    """Runs of protocols v1-v6 record no `engine`; the engines differ in rounding only, as `compile`
+    does, so resume, the tables and the study's stale-run check read them as the same settings."""
+    from horst_sparse.training.no_effect import NO_EFFECT, no_effect
+    from horst_sparse.training.runner import config_differences
+
+    recorded = {"seed": 10, "optimizer": {"name": "horst"}}
+    assert no_effect("engine")
+    for engine in ("reference", "fast"):
+        assert config_differences(recorded, {**recorded, "engine": engine}, ignore=NO_EFFECT) == []
