@@ -566,8 +566,12 @@ def run_study(
     current = versions[-1] if versions else None
     if current is not None and not current.runnable:
         raise StudyError(f"{current.path.relative_to(REPO)} names no presets: the study has no version to run")
-    every = study_jobs(presets_of(study), extra)
-    jobs = [j for j in every if pipelines is None or j.pipeline in pipelines]
+    presets = presets_of(study)
+    chosen = [p for p in presets if pipelines is None or pipeline_of(p).name in pipelines]
+    # The command line's overrides are for the pipelines it runs; another pipeline's presets are
+    # composed as they stand (a ViT key such as acdc.sparsity does not exist in GPT-2's config).
+    every = study_jobs(chosen, extra) + study_jobs([p for p in presets if p not in chosen])
+    jobs = [j for j in every if j.preset in chosen]
     record = out / "runs.csv"
     earlier = read_record([record]) if record.is_file() else pd.DataFrame(columns=RECORD_COLUMNS)
     version = None if current is None else current.version
