@@ -26,6 +26,10 @@ COMMANDS = {
     "tuning-curves": ("horst_sparse.analysis.tuning_curves:main", "tuning curves with confidence bands"),
     "status": ("hydra_plugins.horst_slurm.status:main", "a SLURM sweep's cells and the line that continues it"),
     "export": ("horst_sparse.training.export:main", "a run's model for transformers or timm, with a model card"),
+    "sizing": (
+        "horst_sparse.analysis.sizing:main",
+        "the seeds each endpoint needs for the smallest effect that matters",
+    ),
     "fingerprint": ("horst_sparse.study.fingerprint:main", "the bits of a short run of each pipeline"),
 }
 

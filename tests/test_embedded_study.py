@@ -5,12 +5,14 @@ when its settings change."""
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 from conftest import ROOT
@@ -350,7 +352,10 @@ def test_a_tiny_study_runs_resumes_from_its_record_and_refuses_stale_runs(tmp_pa
     )
     written = record.read_text()
     study_cli("--out", "results/demo")  # make demo-reference: the same runs, written as the reference
-    assert runs.read_record([reference]).run.tolist() == frame.run.tolist()
+    rewritten, before = runs.read_record([reference]), runs.read_record([io.StringIO(committed)])
+    assert rewritten[rewritten.pipeline == "vit"].run.tolist() == frame.run.tolist()
+    gpt2 = rewritten[rewritten.pipeline == "gpt2"].reset_index(drop=True)  # the pipeline not run: kept as it was
+    pd.testing.assert_frame_equal(gpt2, before[before.pipeline == "gpt2"].reset_index(drop=True))
     checked = study_cli("--check")  # make check-results: horst at 90 %, seed 0, rerun into a scratch folder
     assert checked.returncode == 0, checked.stdout + checked.stderr[-2000:]
     assert "## vit: +arm=horst acdc.sparsity=0.9, seed(s) [0] rerun; check: bit for bit" in checked.stdout
