@@ -138,7 +138,7 @@ def test_the_expansion_is_hydras_basic_sweepers():
     assert [c.config.optimizer.name for c in cells[:2]] == ["adamw", "adamw"] and cells[-1].config.acdc.sparsity == 0.9
 
 
-# ---- the commands a new user types (issue 24) ------------------------------------------------
+# ---- the commands a new user types -------------------------------------------------------
 
 
 def run_main(capsys, *argv: str) -> tuple[int, str, str]:

@@ -1,4 +1,4 @@
-"""Nested search spaces (issue 31): every arm searches its pipeline's shared space (lr, weight
+"""Nested search spaces: every arm searches its pipeline's shared space (lr, weight
 decay, warm-up, the same ranges) first and adds only its own keys; HORST's space reaches AdamW;
 a study refuses arms whose searches differ and picks at the edge of a range."""
 
