@@ -36,9 +36,11 @@ demo-reference: $(STAMP)
 study: $(STAMP)
 	$(PY) scripts/embedded_study.py
 
-# Rerun HORST's last cell per pipeline and judge results/embedded/runs.csv by it: bit for bit where the
+# The ledger (every recorded row and pick is its protocol version's, as registered: horst_sparse/study/ledger.py),
+# then rerun HORST's last cell per pipeline and judge results/embedded/runs.csv by it: bit for bit where the
 # record was made in the reproducible CPU mode, else 3 seeds against its seeds' spread (horst_sparse/study/check.py)
 check-results: $(STAMP)
+	$(PY) -m horst_sparse.study.ledger
 	$(PY) scripts/embedded_study.py --check
 
 # The bits of a short ViT and GPT-2 run in the reproducible CPU mode, written to results/fingerprint.json
