@@ -1,5 +1,5 @@
 """Exported models load with the libraries' own loaders and give the run's numbers:
-GPT-2 -> transformers folder (end-of-run switch and horst-export), ViT -> timm
+GPT-2 -> transformers folder (end-of-run switch and horst-sparse export), ViT -> timm
 safetensors. Real tiny runs, real loaders, offline."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from conftest import _compose as compose_vit_cfg
 import pruning
 from horst_sparse.gpt2.data import gpt2_tokenizer, load_data
 from horst_sparse.gpt2.evaluate import evaluate_lm
-from horst_sparse.training import export as horst_export  # horst-export (scripts/export.py)
+from horst_sparse.training import export as horst_export  # horst-sparse export (horst-sparse export)
 
 export_run = horst_export.export_run
 

@@ -128,7 +128,8 @@ def check_results(study: str, *, extra: Sequence[str] = (), pipelines: Sequence[
     """Per pipeline, CHECKED_ARM's cell at the preset's last sparsity, rerun into a scratch folder and
     judged by the kind of check its record allows (module docstring); 0 where the record reproduces
     in that sense, 1 where it does not or there is nothing to compare."""
-    from horst_sparse.study.run import _preset, presets_of, run_multiruns, study_jobs
+    from horst_sparse.study.jobs import preset_config, presets_of, study_jobs
+    from horst_sparse.study.run import run_multiruns
 
     record = final_numbers(read_record([REPO / "results" / study / "runs.csv"]))  # curve points are not compared
     jobs = [j for j in study_jobs(presets_of(study, pipelines), extra) if j.config.get("arm") == CHECKED_ARM]
@@ -158,7 +159,7 @@ def check_results(study: str, *, extra: Sequence[str] = (), pipelines: Sequence[
                 f"hydra.sweep.dir={scratch}",
                 "hydra.sweep.subdir=seed${seed}",
             ]
-            side_by_side = (_preset(cell[0].preset).get("hydra", {}).get("launcher") or {}).get("n_jobs")
+            side_by_side = (preset_config(cell[0].preset).get("hydra", {}).get("launcher") or {}).get("n_jobs")
             if side_by_side and not any(o.startswith("hydra/launcher=") for o in extra):
                 line.append(f"hydra.launcher.n_jobs={len(rerun_seeds)}")  # the reruns all at once: one round
             run_multiruns([(cell[0].preset, line)], extra)
