@@ -72,7 +72,7 @@ def _cost(runs: int, cell: plan.Cell) -> str:
 
 def test_the_tuning_costs_are_horst_tunes_budget_times_the_planners_cost_of_one_run():
     text = " ".join(GUIDE.read_text().split())
-    tunings = guide_commands("horst-sparse tune ")
+    tunings = [w[1:] for w in guide_commands("horst-sparse tune ")]  # tune <pipeline> <arm> ...
     assert {(w[1], w[2]) for w in tunings} == {
         (p, arm) for p, _ in RECIPES.values() for arm in ("adamw", "ham", "horst")
     }
@@ -142,8 +142,8 @@ def test_the_readme_states_the_untuned_values_and_points_to_the_guide(compose):
 @pytest.mark.parametrize("document", [GUIDE, README], ids=["guide", "readme"])
 def test_the_full_scale_tuning_commands_pass_horst_tunes_checks(document):
     """Composed with the search space and checked as horst-sparse tune checks before its first trial."""
-    commands = [
-        w for w in guide_commands("horst-sparse tune ", document) if any(o.startswith("experiment=") for o in w)
+    commands = [  # tune <pipeline> <arm> ...
+        w[1:] for w in guide_commands("horst-sparse tune ", document) if any(o.startswith("experiment=") for o in w)
     ]
     assert commands
     for words in commands:

@@ -594,7 +594,7 @@ def _claims_line(out: Path, text: str) -> str:
 
 
 def tables_main(argv: list[str] | None = None) -> None:
-    """`horst-sparse tables` (horst-sparse tables): Tables and figures of any runs (horst_sparse.analysis.report), e.g. a sweep's:
+    """`horst-sparse tables`: Tables and figures of any runs (horst_sparse.analysis.report), e.g. a sweep's:
 
         horst-sparse tables multirun/vit multirun/gpt2 --out results/sweep
 
@@ -610,7 +610,7 @@ def tables_main(argv: list[str] | None = None) -> None:
 
 
 def study_report_main(argv: list[str] | None = None) -> None:
-    """`horst-sparse study-report` (horst-sparse study-report): A study's results folder: tables, paired comparisons, the paper's claims judged, the power
+    """`horst-sparse study-report`: A study's results folder: tables, paired comparisons, the paper's claims judged, the power
     table, the README's headline include and the figures (horst_sparse.analysis.report).
 
         horst-sparse study-report results/embedded/runs.csv --out report   # from the committed record

@@ -145,7 +145,7 @@ def markdown(pipeline: str, grid_cells: pd.DataFrame, command: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`horst-sparse sweep-table` (horst-sparse sweep-table): An alpha x beta sweep's table and its pick (horst_sparse.analysis.sweep):
+    """`horst-sparse sweep-table`: An alpha x beta sweep's table and its pick (horst_sparse.analysis.sweep):
 
         horst-sparse sweep-table outputs/tuning/vit_* --out results/tuning/vit
         horst-sparse sweep-table outputs/tuning/gpt2_* --out results/tuning/gpt2
@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"error: {error}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    text = markdown(frame.pipeline.iloc[0], grid, shlex.join(["horst-sparse sweep-table", *argv]))
+    text = markdown(frame.pipeline.iloc[0], grid, shlex.join(["horst-sparse", "sweep-table", *argv]))
     notes = found.left_out + repeats
     if notes:
         text += f"\n## Run folders not scored, counted once or scored as diverged ({len(notes)})\n\n"

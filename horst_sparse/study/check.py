@@ -95,13 +95,8 @@ def machine_text(row: Any) -> str:
         return "a machine not recorded"
     capability = "" if pd.isna(getattr(row, "cpu_capability", None)) else f", {row.cpu_capability}"
     gpu = "" if pd.isna(getattr(row, "gpu", None)) else f", GPU {row.gpu}"
-    reproducible = getattr(row, "reproducible_cpu", None)
-    mode = (
-        ""
-        if reproducible is None or pd.isna(reproducible)
-        else ", reproducible mode"
-        if str(reproducible) == "True"
-        else ", native mode"
+    mode = {"True": ", reproducible mode", "False": ", native mode"}.get(
+        str(getattr(row, "reproducible_cpu", None)), ""
     )
     return f"host {row.host} ({row.cpu}{capability}{gpu}), {row.cpu_threads:.0f} torch thread(s) a run{mode}"
 

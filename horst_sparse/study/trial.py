@@ -42,24 +42,22 @@ def validation_score(pipeline: Pipeline, summary: Mapping[str, Any]) -> float:
     return score if score is not None and math.isfinite(score) else metric.worst()
 
 
-def cells(tune_over: Any) -> list[dict[str, Any]]:
-    """The runs of one trial: one per combination of `tune_over`'s values (a nested mapping of
-    lists, e.g. {acdc: {sparsity: [0.7, 0.8, 0.9]}}), as {dotted key: value}; [{}] without."""
+def swept(tune_over: Any, prefix: str = "") -> dict[str, list]:
+    """`tune_over` (a nested mapping of lists, e.g. {acdc: {sparsity: [0.7, 0.8, 0.9]}}) as {dotted key: values}."""
     if OmegaConf.is_config(tune_over):
         tune_over = OmegaConf.to_container(tune_over, resolve=True)
-    if not tune_over:
-        return [{}]
+    out = {}
+    for key, value in (tune_over or {}).items():
+        if isinstance(value, Mapping):
+            out |= swept(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = list(value) if isinstance(value, (list, tuple)) else [value]
+    return out
 
-    def flat(node: Mapping[str, Any], prefix: str = "") -> dict[str, list]:
-        out = {}
-        for key, value in node.items():
-            if isinstance(value, Mapping):
-                out |= flat(value, f"{prefix}{key}.")
-            else:
-                out[f"{prefix}{key}"] = list(value) if isinstance(value, (list, tuple)) else [value]
-        return out
 
-    keys = flat(tune_over)
+def cells(tune_over: Any) -> list[dict[str, Any]]:
+    """The runs of one trial: one per combination of `tune_over`'s values, as {dotted key: value}; [{}] without."""
+    keys = swept(tune_over)
     return [dict(zip(keys, values)) for values in itertools.product(*keys.values())]
 
 

@@ -37,6 +37,7 @@ from horst_sparse.study.trial import (
     TuningError,
     cell_folder,
     cells,
+    swept,
     trial,
     trial_score,
     validation_score,
@@ -309,12 +310,8 @@ def trial_subdir(template: str, tune_over: Any) -> str:
     """The `hydra.sweep.subdir=...` override that names a trial folder by what it holds: the pipeline's
     subdir with each key the trial runs over (`tune_over`) at all its values, `..._s0.7,0.8,0.9_seed100_...`
     for a ViT trial with a run at each of those sparsities (one value: the pipeline's name as it is)."""
-    values: dict[str, list] = {}
-    for cell in cells(tune_over):
-        for key, value in cell.items():
-            values.setdefault(key, []).append(value)
-    for key, held in values.items():
-        template = template.replace("${" + key + "}", ",".join(str(v) for v in dict.fromkeys(held)))
+    for key, values in swept(tune_over).items():
+        template = template.replace("${" + key + "}", ",".join(str(v) for v in dict.fromkeys(values)))
     return f"hydra.sweep.subdir='{template}'"  # quoted: the commas are not a sweep; interpolations resolve
 
 

@@ -107,7 +107,7 @@ def export_run(run_dir: str | Path, out: str | Path, *, to: str, force: bool = F
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`horst-sparse export` (horst-sparse export): export a run's model in a format other tools load, with a model card (README.md).
+    """`horst-sparse export`: export a run's model in a format other tools load, with a model card (README.md).
 
         horst-sparse export outputs/gpt2/RUN --sparsity 0.5 --to hf exported/gpt2-50
         horst-sparse export outputs/gpt2/RUN --method wanda --pattern 2:4 --to hf exported/gpt2-wanda-24
