@@ -10,7 +10,7 @@ import stat
 
 import pytest
 import torch
-from conftest import ROOT, _subprocess_env, compose_cfg, deit_overrides, tiny_overrides
+from conftest import HORST_SPARSE, _subprocess_env, compose_cfg, deit_overrides, tiny_overrides
 from conftest import _compose as compose_vit_cfg
 
 import pruning
@@ -107,15 +107,14 @@ def test_script_refuses_the_wrong_format_and_a_missing_sparsity_in_one_line(gpt2
 def test_export_refuses_a_folder_that_holds_files_unless_forced(gpt2_run, tmp_path, capsys):
     """An export never writes over files silently: a folder that holds files needs --force."""
     import subprocess
-    import sys
 
     run_dir = str(gpt2_run[1])
     out = tmp_path / "taken"
     out.mkdir()
     (out / "notes.txt").write_text("someone's")
     command = [
-        sys.executable,
-        str(ROOT / "scripts" / "export.py"),
+        HORST_SPARSE,
+        "export",
         run_dir,
         str(out),
         "--to",

@@ -505,22 +505,6 @@ def test_untracked_files_under_configs_make_the_tree_dirty(tmp_path):
         tuning.require_clean_tree(tmp_path, tuning=("vit", "horst"))
 
 
-@pytest.mark.parametrize(
-    "process,argv,made_by",
-    [
-        (["/opt/venv/bin/horst-sparse", "tune", "vit", "adamw"], ["vit", "adamw"], "horst-sparse tune vit adamw"),
-        ([str(ROOT / "horst_sparse" / "cli.py"), "tune", "vit", "ham"], ["vit", "ham"],
-         "python -m horst_sparse.cli tune vit ham"),
-        (["pytest", "-q", "tests"], ["vit", "horst", "x=a b"], "horst-sparse tune vit horst 'x=a b'"),  # main() from code
-    ],
-)  # fmt: skip
-def test_made_by_is_the_command_as_typed(process, argv, made_by, monkeypatch):
-    from horst_sparse.cli import typed
-
-    monkeypatch.setattr(sys, "argv", process)
-    assert typed("tune", argv) == made_by
-
-
 def _help_examples(clone: Path, env: dict) -> list[str]:
     """The example lines of `horst-sparse tune --help`: the block under its line "examples, ...:"."""
     shown = subprocess.run(

@@ -76,7 +76,7 @@ def test_the_command_writes_its_table_and_figure(tmp_path):
     )
     assert "- adamw's pick (trial 2) changes in " in stability  # no reruns: the best search score
     assert pd.read_csv(tmp_path / "pick_stability.csv").top_k.eq(0).all()
-    missing = subprocess.run([*command[:1], str(tmp_path / "none.csv")], capture_output=True, text=True)
+    missing = subprocess.run([*command[:2], str(tmp_path / "none.csv")], capture_output=True, text=True)
     assert missing.returncode == 1 and missing.stderr.strip().startswith("error: no tuning record")
 
 

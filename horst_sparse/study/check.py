@@ -159,8 +159,7 @@ def check_results(study: str, *, extra: Sequence[str] = (), pipelines: Sequence[
                 line.append(f"hydra.launcher.n_jobs={len(rerun_seeds)}")  # the reruns all at once: one round
             run_multiruns([(cell[0].preset, line)], extra)
             reruns = final_numbers(scan([scratch]).frame)
-        unfinished = sorted(set(rerun_seeds) - set(reruns.seed[reruns.status.isin(["done", "diverged"])]))
-        if unfinished:
+        if unfinished := sorted(set(rerun_seeds) - set(reruns.seed[reruns.status.isin(["done", "diverged"])])):
             print(f"the rerun of seed(s) {unfinished} did not finish (neither done nor diverged): no verdict")
             worst = 1
             continue

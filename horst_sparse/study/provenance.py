@@ -34,8 +34,7 @@ def _git(*args: str, repo: Path = REPO) -> str:
 
 def check_clean(repo: Path = REPO) -> None:
     """Refuse a tree with changes outside results/: every number must come from a commit."""
-    changed = _git("status", "--porcelain", "--", ".", ":(exclude)results", repo=repo).splitlines()
-    if changed:
+    if changed := _git("status", "--porcelain", "--", ".", ":(exclude)results", repo=repo).splitlines():
         raise StudyError(
             f"the working tree has uncommitted changes ({len(changed)} files, e.g. {changed[0][3:]}): "
             "commit or stash them, so every run records a commit that holds its code"
@@ -62,10 +61,9 @@ def check_provenance(commits: Sequence[str], repo: Path = REPO, reviewed: set = 
         except subprocess.CalledProcessError:
             problems.append(f"{commit[:12]}: not a commit of this repository")
             continue
-        files = [f for f in files if not protocols.is_reviewed(f, (commit, head), reviewed, repo)]
-        if files:
+        if changed := [f for f in files if not protocols.is_reviewed(f, (commit, head), reviewed, repo)]:
             problems.append(
-                f"{commit[:12]}: its code differs from HEAD's in {len(files)} file(s): {', '.join(files[:5])}"
+                f"{commit[:12]}: its code differs from HEAD's in {len(changed)} file(s): {', '.join(changed[:5])}"
             )
     if problems:
         raise StudyError(

@@ -90,8 +90,7 @@ def run_study(
             run_tunings(missing)
         check_budgets(jobs, current.declared_edges)
     frame, folders = runs_of(every, record, version)
-    problems = stale(every, frame, folders)
-    if problems:
+    if problems := stale(every, frame, folders):
         raise StudyError(
             f"{len(problems)} finished run(s) were made with other settings than this code composes for "
             "their job; their numbers are not this code's. Delete their folders and rows of "

@@ -297,8 +297,7 @@ def restrict(space: Mapping[str, str], keys: list[str], name: str, searched: Map
     if unknown or not keys:
         named = f"{','.join(unknown)} is not a key of the search space" if keys else "names no key"
         raise TuningError(f"--keys {named}; {name} searches {', '.join(space)}")
-    dropped = [key for key in searched if key not in keys]
-    if dropped:
+    if dropped := [key for key in searched if key not in keys]:
         raise TuningError(
             f"{dropped[0]}={searched[dropped[0]]} sweeps a key --keys leaves out: add {dropped[0]} to --keys "
             "or drop the sweep"
