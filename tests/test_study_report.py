@@ -177,7 +177,7 @@ def test_committed_outputs_agree_and_regenerate_from_the_record(tmp_path, folder
     protocol versions has one report per version (v<N>/, by its own rules) and every version's
     verdicts in its claims.md and headline.md."""
     from horst_sparse.study import protocol
-    from horst_sparse.study.run import write_versions_report
+    from horst_sparse.study.report import write_versions_report
 
     committed = ROOT / folder
     frame = runs.read_record([committed / "runs.csv"])
