@@ -81,10 +81,7 @@ def _params(preset: str, extra: Sequence[str], configs: Path) -> dict[str, Any]:
     """The preset's sweep with the command line's overrides of its keys in place, as Hydra merges them."""
     params = preset_config(preset, configs)["hydra"]["sweeper"]["params"]
     replaced = {_key(o): o.split("=", 1) for o in extra}
-    return {
-        (replaced[_key(k)][0] if _key(k) in replaced else k): (replaced[_key(k)][1] if _key(k) in replaced else v)
-        for k, v in params.items()
-    }
+    return dict(replaced.get(_key(key), (key, value)) for key, value in params.items())
 
 
 def presets_of(study: str, pipelines: Sequence[str] | None = None, configs: Path = CONFIGS) -> list[str]:
@@ -124,24 +121,15 @@ def study_jobs(presets: Sequence[str], extra: Sequence[str] = (), *, configs: Pa
             for overrides, seeds in by_cell.items():
                 config = compose_in_context(pipeline, [f"+study={preset}", *overrides, *rest])
                 HydraConfig.instance().set_config(config)
+                recipe, sweep = config.hydra.runtime.choices[pipeline.recipe_group], config.hydra.sweep
                 for seed in seeds:
                     with open_dict(config):
                         config.seed = seed
-                    folder = Path(config.hydra.sweep.dir) / str(config.hydra.sweep.subdir)
+                    run, folder = str(Path(sweep.dir) / str(sweep.subdir)), str(sweep.dir)
                     job = OmegaConf.to_container(config, resolve=True)
                     del job["hydra"]
                     jobs.append(
-                        Job(
-                            pipeline.name,
-                            preset,
-                            overrides,
-                            seed,
-                            str(folder),
-                            str(config.hydra.sweep.dir),
-                            signature_hash(job),
-                            job,
-                            config.hydra.runtime.choices[pipeline.recipe_group],
-                        )
+                        Job(pipeline.name, preset, overrides, seed, run, folder, signature_hash(job), job, recipe)
                     )
         HydraConfig.instance().cfg = None  # set only to resolve the sweep folder: no job of this process runs
     return jobs
