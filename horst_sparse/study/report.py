@@ -26,6 +26,7 @@ def readme(
     out: Path,
     protocol: Any = None,
 ) -> str:
+    """The results folder's README: what ran, from which commits and protocol, how to rewrite it, the cost."""
     mine = frame if protocol is None else frame[frame["protocol"] == protocol.version]
     commits = ", ".join(f"`{c[:12]}`" for c in sorted(mine.git_commit.dropna().unique()))
     presets = list(dict.fromkeys(j.preset for j in jobs))
@@ -39,27 +40,24 @@ def readme(
     )
     versioned = ""
     if protocol is not None:
+        retuned = "".join(f", and tunes {p}'s {a} anew" for p, a in sorted(protocol.retuned))
+        inherited = protocol.spec.get("tunings_from")
+        taken = (
+            f", at the picks of protocol v{inherited}'s tunings (the same files and budget; it differs in its "
+            f"declared edges{retuned})"
+            if inherited
+            else ""
+        )
+        versions = frame.drop_duplicates(["protocol", "run"]).protocol.value_counts().sort_index()
+        earlier = ", ".join(f"v{v} {n}" for v, n in versions.items() if v != protocol.version)
         counts = mine.drop_duplicates("run").pipeline.value_counts()
+        so_far = ", ".join(f"{p} {n}" for p, n in counts.items()) or "none"
         versioned = (
             f"It runs protocol {protocol.label} ({protocol.path.relative_to(REPO)}, hash `{protocol.hash}`), "
-            "fixed before its runs"
-            + (
-                f", at the picks of protocol v{protocol.spec['tunings_from']}'s tunings (the same files and budget; "
-                "it differs in its declared edges"
-                + "".join(f", and tunes {p}'s {a} anew" for p, a in sorted(protocol.retuned))
-                + ")"
-                if protocol.spec.get("tunings_from")
-                else ""
-            )
-            + ". `runs.csv` holds every version's runs (its `protocol` column); each "
+            f"fixed before its runs{taken}. `runs.csv` holds every version's runs (its `protocol` column); each "
             "version is judged by its own rules in v<N>/, and claims.md and the headline below show every "
-            "version's verdicts, each labelled. The earlier versions' runs: "
-            + ", ".join(
-                f"v{v} {n}"
-                for v, n in frame.drop_duplicates(["protocol", "run"]).protocol.value_counts().sort_index().items()
-                if v != protocol.version
-            )
-            + f"; this version's so far: {', '.join(f'{p} {n}' for p, n in counts.items()) or 'none'}.\n\n"
+            f"version's verdicts, each labelled. The earlier versions' runs: {earlier}; this version's so far: "
+            f"{so_far}.\n\n"
         )
     return f"""# The {study} study
 
