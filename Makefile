@@ -4,6 +4,7 @@
 PYTHON ?= python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
+HS     := $(VENV)/bin/horst-sparse
 STAMP  := $(VENV)/.installed
 
 # Offline by design: hub look-ups fail at once instead of retrying.
@@ -25,28 +26,28 @@ $(STAMP): pyproject.toml constraints.txt
 # (<= 15 min on 2 cores), trained into outputs/demo/ (a second run resumes there), its report there,
 # then each number beside the committed reference results/demo/ and whether it agrees
 demo: $(STAMP)
-	$(PY) scripts/embedded_study.py --demo
+	$(HS) study --demo
 
 # The committed reference of the demo, results/demo/: only by this explicit command (clean tree)
 demo-reference: $(STAMP)
-	$(PY) scripts/embedded_study.py --demo --out results/demo
+	$(HS) study --demo --out results/demo
 
 # The embedded study: configs/study/embedded_*.yaml through Hydra's multirun, resumable from
 # results/embedded/runs.csv; refuses a dirty tree and runs of other code: results/embedded/
 study: $(STAMP)
-	$(PY) scripts/embedded_study.py
+	$(HS) study
 
 # The ledger (every recorded row and pick is its protocol version's, as registered: horst_sparse/study/ledger.py),
 # then rerun HORST's last cell per pipeline and judge results/embedded/runs.csv by it: bit for bit where the
 # record was made in the reproducible CPU mode, else 3 seeds against its seeds' spread (horst_sparse/study/check.py)
 check-results: $(STAMP)
 	$(PY) -m horst_sparse.study.ledger
-	$(PY) scripts/embedded_study.py --check
+	$(HS) study --check
 
 # The bits of a short ViT and GPT-2 run in the reproducible CPU mode, written to results/fingerprint.json
 # (clean tree); tests/test_fingerprint.py asks any other x86 CPU for the same bits
 fingerprint: $(STAMP)
-	$(PY) -m horst_sparse.study.fingerprint --write
+	$(HS) fingerprint --write
 
 # pytest-xdist: one test process per core (the subprocess-heavy tests wait on each other's
 # imports and polls; on 2 cores the suite takes about half the time of one process).

@@ -568,10 +568,10 @@ def as_run(trials: pd.DataFrame, version: int, inherited_from: int) -> tuple[pd.
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`horst-tuning-curves`: the tuning curves of a tuning record, and how stable its picks are.
+    """`horst-sparse tuning-curves`: the tuning curves of a tuning record, and how stable its picks are.
 
-        horst-tuning-curves results/tuning/vit/mnist1d/tuning.csv --maximize --support 0 1
-        horst-tuning-curves results/tuning/gpt2/pydoc/tuning.csv --support 1 inf --log
+        horst-sparse tuning-curves results/tuning/vit/mnist1d/tuning.csv --maximize --support 0 1
+        horst-sparse tuning-curves results/tuning/gpt2/pydoc/tuning.csv --support 1 inf --log
 
     Writes, beside the record (or into --out), per protocol version of the record:
     tuning_curves_v<version>.md, .csv and .png (a record without a protocol column:
@@ -584,7 +584,7 @@ def main(argv: list[str] | None = None) -> None:
     import sys
 
     parser = argparse.ArgumentParser(
-        prog="horst-tuning-curves",
+        prog="horst-sparse tuning-curves",
         description=(main.__doc__ or "").split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=(main.__doc__ or "").split("\n\n", 1)[1],
@@ -607,11 +607,11 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"error: --inherit {spec}: give V=U, two protocol versions, e.g. --inherit 6=4")
         inherits.append((int(version), int(source)))
     if not args.record.is_file():
-        sys.exit(f"error: no tuning record {args.record}: give a tuning.csv that horst-tune wrote")
+        sys.exit(f"error: no tuning record {args.record}: give a tuning.csv that horst-sparse tune wrote")
     trials = pd.read_csv(args.record)
     out = args.out or args.record.parent
     out.mkdir(parents=True, exist_ok=True)
-    command = " ".join(["horst-tuning-curves", *(argv if argv is not None else sys.argv[1:])])
+    command = " ".join(["horst-sparse tuning-curves", *(argv if argv is not None else sys.argv[1:])])
     written_by = f"Written by `{command}` from the record"
     texts, sections, stability = [], [], []
     for version, part in by_protocol(trials):
