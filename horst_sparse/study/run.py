@@ -79,7 +79,7 @@ def run_study(
     if current is not None and not current.runnable:
         raise StudyError(f"{current.path.relative_to(REPO)} names no presets: the study has no version to run")
     presets = presets_of(study)
-    chosen = [p for p in presets if pipelines is None or pipeline_of(p).name in pipelines]
+    chosen = presets_of(study, pipelines)
     # The command line's overrides are for the pipelines it runs; another pipeline's presets are
     # composed as they stand (a ViT key such as acdc.sparsity does not exist in GPT-2's config).
     every = study_jobs(chosen, extra) + study_jobs([p for p in presets if p not in chosen])
