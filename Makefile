@@ -4,6 +4,7 @@
 PYTHON ?= python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
+HS     := $(VENV)/bin/horst-sparse
 STAMP  := $(VENV)/.installed
 
 # Offline by design: hub look-ups fail at once instead of retrying.
@@ -14,37 +15,65 @@ export HF_DATASETS_OFFLINE := 1
 
 venv: $(STAMP)
 
+# Which torch the venv gets (in a fresh clone, or after make clean). Empty: constraints.txt's pins
+# from the default index, a CUDA 13.0 build (NVIDIA driver >= 580). cu126 (or another CUDA tag
+# PyTorch's index serves the pinned version for): the same torch and torchvision built for that
+# CUDA, for a node whose driver predates CUDA 13. site: a venv over the interpreter's own torch (a
+# cluster's module; PYTHON=its python), pinned as it is, so that nothing is installed over it.
+# Either way everything else is pinned by requirements-no-torch.lock (requirements.lock without
+# torch, torchvision and their CUDA wheels).
+TORCH ?=
+TORCH_INDEX := https://download.pytorch.org/whl
+TORCH_PINS = $(shell grep -E '^torch(vision)?==' constraints.txt)
+# the torch distributions the interpreter has, as pins
+SITE_PINS := import importlib.metadata as m; print(*sorted(f"{d.name}=={d.version}" for d in m.distributions() if d.name in ("torch", "torchvision", "triton")), sep="\n")
+
 # Reinstalled whenever the dependency list or the pins change.
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt requirements-no-torch.lock
+ifeq ($(TORCH),)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,pipelines]'
+else ifeq ($(TORCH),site)
+	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -c '$(SITE_PINS)' > $(VENV)/site-torch.txt
+	grep -q '^torch==' $(VENV)/site-torch.txt || { echo "make venv TORCH=site: $(PYTHON) has no torch; load the cluster's PyTorch (PYTHON=its python), or leave TORCH out" >&2; rm -rf $(VENV); exit 2; }
+	$(PY) -m pip install --quiet -c $(VENV)/site-torch.txt -c requirements-no-torch.lock -e '.[dev,pipelines]'
+else
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet --extra-index-url $(TORCH_INDEX)/$(TORCH) -c requirements-no-torch.lock $(addsuffix +$(TORCH),$(TORCH_PINS))
+	$(PY) -m pip install --quiet -c constraints.txt -c requirements-no-torch.lock -e '.[dev,pipelines]'
+endif
 	touch $(STAMP)
 
 # The demo: configs/study/demo_*.yaml, one seed of AdamW, HAM and HORST on the study's benchmarks
 # (<= 15 min on 2 cores), trained into outputs/demo/ (a second run resumes there), its report there,
 # then each number beside the committed reference results/demo/ and whether it agrees
 demo: $(STAMP)
-	$(PY) scripts/embedded_study.py --demo
+	$(HS) study --demo
 
 # The committed reference of the demo, results/demo/: only by this explicit command (clean tree)
 demo-reference: $(STAMP)
-	$(PY) scripts/embedded_study.py --demo --out results/demo
+	$(HS) study --demo --out results/demo
 
 # The embedded study: configs/study/embedded_*.yaml through Hydra's multirun, resumable from
 # results/embedded/runs.csv; refuses a dirty tree and runs of other code: results/embedded/
 study: $(STAMP)
-	$(PY) scripts/embedded_study.py
+	$(HS) study
 
-# Rerun HORST's last cell per pipeline and judge results/embedded/runs.csv by it: bit for bit where the
+# The ledger (every recorded row and pick is its protocol version's, as registered: horst_sparse/study/ledger.py),
+# then rerun HORST's last cell per pipeline and judge results/embedded/runs.csv by it: bit for bit where the
 # record was made in the reproducible CPU mode, else 3 seeds against its seeds' spread (horst_sparse/study/check.py)
 check-results: $(STAMP)
-	$(PY) scripts/embedded_study.py --check
+	$(PY) -m horst_sparse.study.ledger
+	$(HS) study --check
 
 # The bits of a short ViT and GPT-2 run in the reproducible CPU mode, written to results/fingerprint.json
 # (clean tree); tests/test_fingerprint.py asks any other x86 CPU for the same bits
 fingerprint: $(STAMP)
-	$(PY) -m horst_sparse.study.fingerprint --write
+	$(HS) fingerprint --write
 
 # pytest-xdist: one test process per core (the subprocess-heavy tests wait on each other's
 # imports and polls; on 2 cores the suite takes about half the time of one process).

@@ -5,7 +5,7 @@ each run once as a user types it, timed from process start to exit, one at a tim
     python bench/default_runs.py --only smoke      # the smoke presets alone (a quick look)
 
 costs.yaml's CPU entries copy the table's minutes and its machine line (`measured_on`), and
-horst-plan prints that machine beside every CPU estimate; tests/test_plan.py checks that
+horst-sparse plan prints that machine beside every CPU estimate; tests/test_plan.py checks that
 costs.yaml and this record agree. A run's thread count is its own config's (`cpu_threads`),
 read back from the run's summary.json, not this script's choice.
 """

@@ -10,23 +10,30 @@ The training runs themselves are the entry points, `python train_vit.py` and `py
 
 from __future__ import annotations
 
+import argparse
 import importlib
+import shlex
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 # name: (the function that runs it, "module:function"; what it does, one line for the list)
 COMMANDS = {
     "config": ("horst_sparse.cli:config_main", "a run's composed config, each value with the file it comes from"),
-    "plan": ("horst_sparse.study.plan:main", "a sweep's jobs, resources and GPU-hours, checked; nothing submitted"),
+    "plan": ("horst_sparse.plan:main", "a sweep's jobs, resources and GPU-hours, checked; nothing submitted"),
     "tune": ("horst_sparse.study.tuning:main", "tune one arm on the validation split and write its pick"),
     "study": ("horst_sparse.study.run:main", "the embedded study, the demo, their reports and checks"),
     "tables": ("horst_sparse.analysis.report:tables_main", "tables and figures of any sweeps' runs"),
-    "report": ("horst_sparse.analysis.report:study_report_main", "a study's report: tables, claims, figures"),
+    "study-report": ("horst_sparse.analysis.report:study_report_main", "a study's report: tables, claims, figures"),
     "sweep-table": ("horst_sparse.analysis.sweep:main", "a sweep's scores by setting (alpha x beta, ...)"),
     "tuning-curves": ("horst_sparse.analysis.tuning_curves:main", "tuning curves with confidence bands"),
     "status": ("hydra_plugins.horst_slurm.status:main", "a SLURM sweep's cells and the line that continues it"),
     "export": ("horst_sparse.training.export:main", "a run's model for transformers or timm, with a model card"),
-    "fingerprint": ("horst_sparse.study.fingerprint:main", "the bits of a short run of each pipeline"),
+    "sizing": (
+        "horst_sparse.analysis.sizing:main",
+        "the seeds each endpoint needs for the smallest effect that matters",
+    ),
+    "fingerprint": ("horst_sparse.fingerprint:main", "the bits of a short run of each pipeline"),
 }
 
 
@@ -34,6 +41,21 @@ def usage() -> str:
     width = max(map(len, COMMANDS))
     lines = [f"  {name:<{width}}  {summary}" for name, (_, summary) in COMMANDS.items()]
     return (__doc__ or "").split("\n\n")[0] + "\n\ncommands:\n" + "\n".join(lines) + "\n"
+
+
+def typed(command: str, argv: Sequence[str] = ()) -> str:
+    """`horst-sparse <command> <argv>` as its user typed it (a pick's `made_by`, the planner's last line):
+    `python -m horst_sparse.cli ...` where the process is this module, else the installed command (also
+    where code calls a command's main)."""
+    program = ["python", "-m", "horst_sparse.cli"] if Path(sys.argv[0]).resolve() == Path(__file__).resolve() else []
+    return shlex.join([*(program or ["horst-sparse"]), command, *argv])
+
+
+def subcommand(command: str, doc: str | None) -> argparse.ArgumentParser:
+    """A subcommand's parser: `doc`'s first paragraph is its description, the rest (examples) its epilog."""
+    first, _, rest = (doc or "").partition("\n\n")
+    formatter = argparse.RawDescriptionHelpFormatter
+    return argparse.ArgumentParser(prog=typed(command), description=first, epilog=rest, formatter_class=formatter)
 
 
 def main(argv: Sequence[str] | None = None) -> int | None:
@@ -63,19 +85,11 @@ def config_main(argv: Sequence[str] | None = None) -> int:
         horst-sparse config gpt2 experiment=smoke_gpt2 optimizer=ham train.lr
         horst-sparse config vit optimizer=horst --all               # with the table of tuned values
     """
-    import argparse
-
     from horst_sparse.compose import ComposeError, where_from, where_from_text
     from horst_sparse.pipeline import UnknownPipeline, get, names
     from horst_sparse.training.presets import misspelt_key, unknown_option
 
-    doc = config_main.__doc__ or ""
-    parser = argparse.ArgumentParser(
-        prog="horst-sparse config",
-        description=doc.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=doc.split("\n\n", 1)[1],
-    )
+    parser = subcommand("config", config_main.__doc__)
     parser.add_argument("pipeline", help=" | ".join(names()))
     parser.add_argument(
         "overrides", nargs="*", help="as on the entry point's command line; a bare key (train.lr) picks what is shown"

@@ -1,7 +1,7 @@
 """Hydra composition from code, written once: a pipeline's config as its entry point composes it,
 and a multirun's command line expanded into its jobs as Hydra's basic sweeper expands it.
 
-Planning (`horst_sparse.study.plan`), tuning, the study, the benchmarks and the tests' fixtures
+Planning (`horst_sparse.plan`), tuning, the study, the benchmarks and the tests' fixtures
 compose through here, with Hydra's public API (`initialize_config_dir`, `compose`,
 `OverridesParser`, `Override.sweep_string_iterator`) and the entry points' `version_base`.
 """

@@ -1,4 +1,4 @@
-"""The pilot that admits a ViT benchmark to the study (issue 23): dense top-1 at most 95 % and
+"""The pilot that admits a ViT benchmark to the study: dense top-1 at most 95 % and
 AdamW losing at least 3 points at 90 % sparsity against its own dense run, on validation.
 
     python scripts/pilot.py                      # MNIST-1D: adamw and horst x sparsity 0/0.7/0.8/0.9 x seeds 0-1
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
         f"Python {platform.python_version()}; {args.jobs} runs side by side, each on 1 torch thread (`cpu_threads: 1`, "
         f"plain optimizer path). Load average at the end: {', '.join(f'{x:.1f}' for x in os.getloadavg())}.",
         "",
-        "Rule (issue 23): keep the benchmark if dense top-1 <= 95 % and AdamW at 90 % loses >= 3 points against its "
+        "Rule: keep the benchmark if dense top-1 <= 95 % and AdamW at 90 % loses >= 3 points against its "
         "dense run; measured on the validation split (1,000 examples; the study reports on the 5,000 test examples). "
         f"The optimizers run at the digits recipe's values (configs/tuned/vit/digits/: {untuned}), not tuned here.",
         "",

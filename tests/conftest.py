@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,6 +41,8 @@ os.environ["HORST_FUSED"] = "0"
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
+# The one command, installed beside this Python (horst_sparse/cli.py): [HORST_SPARSE, "plan", ...]
+HORST_SPARSE = str(Path(sys.executable).parent / "horst-sparse")
 
 
 # ---- composed configs and run folders as the pipelines record them (analysis, study, tuning) ----

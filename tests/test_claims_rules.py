@@ -159,8 +159,8 @@ def test_a_misstated_endpoint_is_an_error_not_a_verdict(change, error):
 
 
 def test_claims_yaml_states_claim_3_margins_and_keeps_every_other_rule_of_protocol_v2():
-    """Protocol v3 changes claim 3's endpoints only: its text is the paper's, its margins read
-    from the words; everything else is v2's frozen copy."""
+    """The rules of protocols v3 on differ from v2's frozen copy in claim 3's endpoints only: its
+    text is the paper's, its margins read from the words."""
     v2 = yaml.safe_load((ROOT / "protocols" / "embedded" / "claims_v2.yaml").read_text())
     three, old = (next(c for c in r["claims"] if c["id"] == CLAIM_3) for r in (RULES, v2))
     assert three["text"] == old["text"] and three["pipeline"] == old["pipeline"]
@@ -168,7 +168,7 @@ def test_claims_yaml_states_claim_3_margins_and_keeps_every_other_rule_of_protoc
         ("weights_below_1e-3", "ratio", 2.0),
         ("weights_median_log10", None, -0.301),
     ]
-    # every other claim tests what it tested (2b's text now says its arm is tuned on its own)
+    # every other claim tests what v2's tests (2b's text says its arm is tuned on its own)
     assert [(c["id"], c["endpoints"]) for c in RULES["claims"] if c["id"] != CLAIM_3] == [
         (c["id"], c["endpoints"]) for c in v2["claims"] if c["id"] != CLAIM_3
     ]

@@ -1,22 +1,27 @@
-"""horst_sparse.study.run and scripts/embedded_study.py: the study's jobs composed from its presets and
+"""horst_sparse.study.run and horst-sparse study: the study's jobs composed from its presets and
 arms, multiruns for what is missing, stale runs and runs of other code refused, a dirty tree
 refused, the "add an arm" recipe, and a tiny study run, resumed from its record, and refused
 when its settings change."""
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 from conftest import ROOT
 
 from horst_sparse.analysis import claims, report, runs
+from horst_sparse.study import budget
+from horst_sparse.study import report as study_report
 from horst_sparse.study import run as study
+from horst_sparse.study.jobs import Job
 
 TINY_VIT = [
     "train.epochs=5",
@@ -31,12 +36,12 @@ TINY_VIT = [
 
 
 @pytest.fixture(scope="module")
-def demo_jobs() -> list[study.Job]:
+def demo_jobs() -> list[Job]:
     return study.study_jobs(["demo_vit", "demo_gpt2"])
 
 
 @pytest.fixture(scope="module")
-def embedded_jobs() -> list[study.Job]:
+def embedded_jobs() -> list[Job]:
     return study.study_jobs(study.presets_of("embedded"))
 
 
@@ -86,18 +91,18 @@ def test_multiruns_are_the_whole_sweep_or_the_missing_cells(demo_jobs):
 
 
 def test_arms_not_tuned_alike_are_refused():
-    """The digits recipe's picks were made before scripts/tune.py (no provenance): a study on it is
+    """The digits recipe's picks were made before horst-sparse tune (no provenance): a study on it is
     refused, naming the arm, until each arm is tuned with the same budget."""
-    from horst_sparse.study.tuning import BudgetError
+    from horst_sparse.study.budget import BudgetError
 
-    with pytest.raises(BudgetError, match=r"arm \w+ was not tuned by scripts/tune.py"):
+    with pytest.raises(BudgetError, match=r"arm \w+ was not tuned by horst-sparse tune"):
         study.check_budgets(study.study_jobs(["demo_vit"], ["vit_recipe=digits"]))
 
 
 def test_the_embedded_study_is_its_presets_and_tunes_what_its_budget_asks_for(embedded_jobs):
     """The presets of protocols v3-v6: embedded_vit (tuned arms x 70/80/90 %), its controls' part at
     90 % (a preset over it) and GPT-2's four tuned arms and its mirror-off control, seeds 10-19; the
-    current protocol runs at v4's picks and asks scripts/tune.py, with its budget, for the one arm
+    current protocol runs at v4's picks and asks horst-sparse tune, with its budget, for the one arm
     it tunes anew (GPT-2's HAM), and refuses an inherited arm without v4's pick."""
     from horst_sparse.study import protocol
 
@@ -136,7 +141,7 @@ def test_the_embedded_study_is_its_presets_and_tunes_what_its_budget_asks_for(em
     def picked(made):
         """The jobs with every arm's pick made under the given protocol version ({(pipeline, arm): version})."""
         return [
-            study.Job(
+            Job(
                 **{
                     **j.__dict__,
                     "config": {
@@ -157,7 +162,7 @@ def test_the_embedded_study_is_its_presets_and_tunes_what_its_budget_asks_for(em
     budget = current.tuning
     assert [(line[2], line[3]) for line in lines] == [("gpt2", "ham")]  # the one arm v6 tunes anew
     (line,) = lines
-    assert line[1] == "scripts/tune.py" and line[4:10] == [
+    assert line[:2] == ["horst-sparse", "tune"] and line[4:10] == [
         "--trials", str(budget["trials"]["gpt2"]), "--top-k", str(budget["top_k"]["gpt2"]),
         "--rerun-seeds", str(budget["rerun_seeds"]),
     ]  # fmt: skip
@@ -207,10 +212,10 @@ def test_the_cost_table_is_measured_from_the_runs(embedded_jobs):
             for i, j in enumerate(vit[:30])
         ]
     )
-    text = study.cost_table(frame, jobs)
+    text = study_report.cost_table(frame, jobs)
     row = next(line for line in text.splitlines() if line.startswith("| vit "))
     tuning = sum(  # every search trial and rerun, one run per cell (the ViT's: one per reported sparsity)
-        study.tuning_runs(vit[0].config["tuned"][o].get("provenance") or {}) for o in ("adamw", "ham", "horst")
+        budget.tuning_runs(vit[0].config["tuned"][o].get("provenance") or {}) for o in ("adamw", "ham", "horst")
     )
     expected_hours = (len(vit) + tuning) * 41.0 / 2 / 3600  # two runs side by side
     assert row.split(" | ")[1:4] == [f"30 of {len(vit)}", "41", f"{30 * 41.0 / 3600:.1f}"]
@@ -321,7 +326,9 @@ def test_a_tiny_study_runs_resumes_from_its_record_and_refuses_stale_runs(tmp_pa
     }
     argv = [
         sys.executable,
-        "scripts/embedded_study.py",
+        "-m",
+        "horst_sparse.cli",
+        "study",
         "--demo",
         "--pipeline",
         "vit",
@@ -350,7 +357,10 @@ def test_a_tiny_study_runs_resumes_from_its_record_and_refuses_stale_runs(tmp_pa
     )
     written = record.read_text()
     study_cli("--out", "results/demo")  # make demo-reference: the same runs, written as the reference
-    assert runs.read_record([reference]).run.tolist() == frame.run.tolist()
+    rewritten, before = runs.read_record([reference]), runs.read_record([io.StringIO(committed)])
+    assert rewritten[rewritten.pipeline == "vit"].run.tolist() == frame.run.tolist()
+    gpt2 = rewritten[rewritten.pipeline == "gpt2"].reset_index(drop=True)  # the pipeline not run: kept as it was
+    pd.testing.assert_frame_equal(gpt2, before[before.pipeline == "gpt2"].reset_index(drop=True))
     checked = study_cli("--check")  # make check-results: horst at 90 %, seed 0, rerun into a scratch folder
     assert checked.returncode == 0, checked.stdout + checked.stderr[-2000:]
     assert "## vit: +arm=horst acdc.sparsity=0.9, seed(s) [0] rerun; check: bit for bit" in checked.stdout

@@ -1,5 +1,5 @@
 """Exported models load with the libraries' own loaders and give the run's numbers:
-GPT-2 -> transformers folder (end-of-run switch and horst-export), ViT -> timm
+GPT-2 -> transformers folder (end-of-run switch and horst-sparse export), ViT -> timm
 safetensors. Real tiny runs, real loaders, offline."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ import stat
 
 import pytest
 import torch
-from conftest import ROOT, _subprocess_env, compose_cfg, deit_overrides, tiny_overrides
+from conftest import HORST_SPARSE, _subprocess_env, compose_cfg, deit_overrides, tiny_overrides
 from conftest import _compose as compose_vit_cfg
 
 import pruning
 from horst_sparse.gpt2.data import gpt2_tokenizer, load_data
 from horst_sparse.gpt2.evaluate import evaluate_lm
-from horst_sparse.training import export as horst_export  # horst-export (scripts/export.py)
+from horst_sparse.training import export as horst_export  # horst-sparse export (horst-sparse export)
 
 export_run = horst_export.export_run
 
@@ -107,15 +107,14 @@ def test_script_refuses_the_wrong_format_and_a_missing_sparsity_in_one_line(gpt2
 def test_export_refuses_a_folder_that_holds_files_unless_forced(gpt2_run, tmp_path, capsys):
     """An export never writes over files silently: a folder that holds files needs --force."""
     import subprocess
-    import sys
 
     run_dir = str(gpt2_run[1])
     out = tmp_path / "taken"
     out.mkdir()
     (out / "notes.txt").write_text("someone's")
     command = [
-        sys.executable,
-        str(ROOT / "scripts" / "export.py"),
+        HORST_SPARSE,
+        "export",
         run_dir,
         str(out),
         "--to",

@@ -64,7 +64,7 @@ def drawn(monkeypatch) -> dict[str, list[str]]:
 
 
 def test_the_studys_figures_lie_inside_their_canvas_and_are_the_committed_ones(tmp_path, drawn):
-    """`horst-study --report-only` (and the demo's, `--demo --out results/demo --report-only`) on
+    """`horst-sparse study --report-only` (and the demo's, `--demo --out results/demo --report-only`) on
     copies of the committed results: every figure it draws keeps its text inside, and is the
     committed PNG byte for byte, so the committed ones are this code's (after a change to the
     figures: regenerate them with those two commands on a clean tree)."""

@@ -11,9 +11,9 @@ import sys
 import pytest
 from conftest import ROOT
 
+from horst_sparse import fingerprint
 from horst_sparse.analysis.runs import scan
 from horst_sparse.cpu_mode import missing_cpu_flags
-from horst_sparse.study import fingerprint
 
 pytestmark = pytest.mark.skipif(bool(missing_cpu_flags()), reason="the reproducible CPU mode needs AVX2 and FMA")
 
@@ -55,7 +55,7 @@ def test_writing_the_fingerprint_refuses_a_dirty_tree(tmp_path):
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
     (clone / "horst" / "__init__.py").write_text((clone / "horst" / "__init__.py").read_text() + "\n# edited\n")
     done = subprocess.run(
-        [sys.executable, "-m", "horst_sparse.study.fingerprint", "--write"], cwd=clone, capture_output=True, text=True
+        [sys.executable, "-m", "horst_sparse.fingerprint", "--write"], cwd=clone, capture_output=True, text=True
     )
     assert done.returncode == 1 and done.stderr.startswith("error: the working tree has uncommitted changes")
 
@@ -63,7 +63,7 @@ def test_writing_the_fingerprint_refuses_a_dirty_tree(tmp_path):
 @pytest.mark.slow  # ~1 min: both runs again, through the command
 def test_the_command_compares_with_the_committed_fingerprint():
     done = subprocess.run(
-        [sys.executable, "-m", "horst_sparse.study.fingerprint"], cwd=ROOT, capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "horst_sparse.fingerprint"], cwd=ROOT, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stdout + done.stderr[-2000:]
     assert done.stdout.rstrip().endswith("the same bits as the committed fingerprint")

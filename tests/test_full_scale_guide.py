@@ -1,5 +1,5 @@
 """docs/full_scale.md states what the code says: each output it quotes is what its command prints,
-the tuning costs are horst-tune's budget times the planner's cost of a run, the table of untuned
+the tuning costs are horst-sparse tune's budget times the planner's cost of a run, the table of untuned
 values is configs/tuned/'s, and the README states the same untuned values. (Its bash commands
 are checked with the README's, tests/test_readme_commands.py; its preparation commands run on
 miniatures in tests/test_prepare_imagenet.py and tests/test_gpt2_data.py.)"""
@@ -13,7 +13,8 @@ import shlex
 import pytest
 from conftest import ROOT
 
-from horst_sparse.study import plan, tuning
+from horst_sparse import plan
+from horst_sparse.study import tuning
 
 GUIDE = ROOT / "docs" / "full_scale.md"
 README = ROOT / "README.md"
@@ -52,8 +53,8 @@ def test_the_guide_quotes_the_planner_for_both_tables_and_the_slimpajama_dry_run
 @pytest.mark.parametrize("command,quoted", TRANSCRIPTS, ids=[c for c, _ in TRANSCRIPTS])
 def test_each_output_the_guide_quotes_is_what_its_command_prints(command, quoted, capsys):
     words = shlex.split(command)
-    if words[0] == "horst-plan":
-        plan.main(words[1:])
+    if words[:2] == ["horst-sparse", "plan"]:
+        plan.main(words[2:])
     elif words[:2] == ["python", "scripts/prepare_slimpajama.py"]:
         from scripts import prepare_slimpajama
 
@@ -71,7 +72,7 @@ def _cost(runs: int, cell: plan.Cell) -> str:
 
 def test_the_tuning_costs_are_horst_tunes_budget_times_the_planners_cost_of_one_run():
     text = " ".join(GUIDE.read_text().split())
-    tunings = guide_commands("horst-tune ")
+    tunings = [w[1:] for w in guide_commands("horst-sparse tune ")]  # tune <pipeline> <arm> ...
     assert {(w[1], w[2]) for w in tunings} == {
         (p, arm) for p, _ in RECIPES.values() for arm in ("adamw", "ham", "horst")
     }
@@ -135,13 +136,15 @@ def test_the_readme_states_the_untuned_values_and_points_to_the_guide(compose):
     for (recipe, arm), values in _untuned(compose).items():
         if "alpha" in values:
             assert f"alpha {values['alpha']:g}, beta {values['beta']:g}" in text, (recipe, arm)
-    assert "horst-tune" in text and "provenance: null" in text
+    assert "horst-sparse tune" in text and "provenance: null" in text
 
 
 @pytest.mark.parametrize("document", [GUIDE, README], ids=["guide", "readme"])
 def test_the_full_scale_tuning_commands_pass_horst_tunes_checks(document):
-    """Composed with the search space and checked as horst-tune checks before its first trial."""
-    commands = [w for w in guide_commands("horst-tune ", document) if any(o.startswith("experiment=") for o in w)]
+    """Composed with the search space and checked as horst-sparse tune checks before its first trial."""
+    commands = [  # tune <pipeline> <arm> ...
+        w[1:] for w in guide_commands("horst-sparse tune ", document) if any(o.startswith("experiment=") for o in w)
+    ]
     assert commands
     for words in commands:
         assert "--out" in words  # the experiment's model is a change to the recipe: the pick goes to a folder

@@ -359,7 +359,7 @@ def test_a_cell_slurm_cancels_names_its_last_checkpoint_and_the_line_that_contin
     assert logged_steps(run_dir) == list(range(1, 61)) and (run_dir / "summary.json").is_file()
 
 
-# ---- the CPU preset and horst-sweep-status's failed cells (one block: another engineer adds above) ----
+# ---- the CPU preset and horst-sparse status's failed cells (one block: another engineer adds above) ----
 
 
 def test_slurm_cpu_preset_asks_for_one_task_its_cpus_and_memory_and_no_gpu(fake_slurm, tmp_path, monkeypatch):

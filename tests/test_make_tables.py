@@ -1,17 +1,16 @@
 """horst_sparse.analysis.runs and horst_sparse.analysis.tables: run folders into one tidy frame, cells over seeds that
 differ only in keys that change no number, labels that are what ran, the record round trip,
-the tables' text, LaTeX and figures, and scripts/make_tables.py on the command line."""
+the tables' text, LaTeX and figures, and horst-sparse tables on the command line."""
 
 from __future__ import annotations
 
 import copy
 import json
 import subprocess
-import sys
 
 import pandas as pd
 import pytest
-from conftest import ROOT
+from conftest import HORST_SPARSE, ROOT
 
 from horst_sparse.analysis import report, runs, tables
 from horst_sparse.training.runner import record_failed_cell
@@ -176,7 +175,7 @@ def test_make_tables_writes_tables_latex_and_readable_figures(tmp_path, job_conf
                 write_run(tmp_path / "runs" / arm / f"s{sparsity}" / f"seed{seed}", config, 0.95 - sparsity / 10)
     out = tmp_path / "out"
     done = subprocess.run(
-        [sys.executable, "scripts/make_tables.py", str(tmp_path / "runs"), "--out", str(out)],
+        [HORST_SPARSE, "tables", str(tmp_path / "runs"), "--out", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -243,7 +242,7 @@ def test_report_reads_one_split(tmp_path, job_configs, write_run):
 
 def _make_tables(*arguments) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "scripts/make_tables.py", *map(str, arguments)],
+        [HORST_SPARSE, "tables", *map(str, arguments)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -262,7 +261,7 @@ def test_gpt2_columns_come_in_sparsity_order_whatever_sparsities_each_run_had(tm
 
 
 def test_an_alpha_beta_grid_is_one_row_per_setting_named_by_alpha_and_beta(tmp_path, job_configs, write_run):
-    """The README's alpha x beta grid through horst-tables: rows named `optimizer.alpha=..,
+    """The README's alpha x beta grid through horst-sparse tables: rows named `optimizer.alpha=..,
     optimizer.beta=..` in the order of their values, exit 0, the claims not judged in one line."""
     horst = job_configs[("vit", "horst")]
     for alpha in (10.0, 3.0):
@@ -284,7 +283,7 @@ def test_an_alpha_beta_grid_is_one_row_per_setting_named_by_alpha_and_beta(tmp_p
 
 
 def test_tuning_trials_are_left_out_unless_asked(tmp_path, job_configs, write_run, compose):
-    """`horst-tables multirun/` leaves out horst-tune's trials (below multirun/tuning/, or whose
+    """`horst-sparse tables multirun/` leaves out horst-sparse tune's trials (below multirun/tuning/, or whose
     config sets tune_over, or whose Hydra overrides select hparams_search) and says how many;
     --tuning includes them; a folder named inside tuning/ is what was asked for."""
     multirun = tmp_path / "multirun"

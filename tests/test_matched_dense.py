@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import ROOT
 from PIL import Image
 
 from horst_sparse.analysis import claims, matched, report, runs
@@ -135,3 +136,15 @@ def test_the_report_draws_the_curves_where_the_rules_ask(tmp_path):
     assert "ppl_curve" not in (tmp_path / "tables.md").read_text()  # the tables hold the final numbers
     report.write_report(matched.final_numbers(frame).drop(columns="step"), tmp_path, rules=RULES, split="test")
     assert not (tmp_path / "pruned_vs_dense.png").exists()  # rules without the endpoint: no figure
+
+
+def test_protocol_v7s_rules_judge_claim_2_at_matched_dense_quality_counting_divergence():
+    """protocols/embedded/claims_v7.yaml: claim 2's primary endpoints are matched, tested by the
+    signed-rank test with divergence counted; claim 1's change endpoint is fixed at 90 %."""
+    rules = claims.load_rules(ROOT / "protocols" / "embedded" / "claims_v7.yaml")
+    assert rules["divergence"] == "worst" and rules["smallest_effect"] == {"top1": 1.0, "ppl": 1.05}
+    judgement = claims.judge(study({0.5: -0.1, 0.9: -0.2}, seeds=10, outside=(9,)), rules).set_index("endpoint")
+    at_50 = judgement.loc["horst / adamw at 50 %, matched dense perplexity"]
+    assert at_50.test == "signed-rank" and at_50.n == 9 and at_50.outcome == claims.SUPPORTS
+    assert "horst − adamw: gain at 90 % minus gain at 70 %" in judgement.index
+    assert ["horst", "adamw"] in rules["comparisons"]["gpt2"]  # the plain ratio: shown, not judged

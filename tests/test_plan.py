@@ -1,4 +1,4 @@
-"""scripts/plan.py on the real entry points and sweep presets: Hydra's expansion (glob, comma
+"""horst-sparse plan on the real entry points and sweep presets: Hydra's expansion (glob, comma
 lists) through its public API, every cell composed and checked as its run would check it,
 the cost table's ranges, nothing submitted; and the commands a new user types first."""
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from horst_sparse import plan
 from horst_sparse.compose import sweep_jobs
-from horst_sparse.study import plan
 from horst_sparse.vit.data import IMAGENET_LAYOUT
 
 REPO = Path(__file__).resolve().parents[1]
@@ -138,7 +138,7 @@ def test_the_expansion_is_hydras_basic_sweepers():
     assert [c.config.optimizer.name for c in cells[:2]] == ["adamw", "adamw"] and cells[-1].config.acdc.sparsity == 0.9
 
 
-# ---- the commands a new user types (issue 24) ------------------------------------------------
+# ---- the commands a new user types -------------------------------------------------------
 
 
 def run_main(capsys, *argv: str) -> tuple[int, str, str]:
@@ -231,12 +231,10 @@ def test_flags_other_than_multirun_are_refused():
         plan.main(["train_vit.py", "-m", "--cfg", "job"])
 
 
-@pytest.mark.parametrize(
-    "typed", [["horst-plan"], ["python", "scripts/plan.py"], ["python", "-m", "horst_sparse.study.plan"]]
-)
+@pytest.mark.parametrize("typed", [["horst-sparse", "plan"], ["python", "-m", "horst_sparse.cli", "plan"]])
 def test_the_last_line_names_the_planner_as_typed(typed):
     """Typed as a user types it: the console script found on PATH (the venv's bin/ first, as
-    `source .venv/bin/activate` puts it), the script by its path, the module with -m."""
+    `source .venv/bin/activate` puts it), or the command's module with -m."""
     bin_dir = Path(sys.executable).parent
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
     done = subprocess.run(

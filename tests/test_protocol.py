@@ -1,8 +1,9 @@
 """A study's protocol, versioned (horst_sparse/study/protocol.py, protocols/), with git as its
-ledger: a version is registered by the commit that adds its file, every recorded row was made at
-a commit where its version's files are as registered (or by a reviewed change), a changed file is
-refused as a new version, the record holds every version's runs, and the confirmatory version
-reports on fresh seeds."""
+ledger: a version is registered by the commit that adds its file, a row is its version's where
+the files the version names are as registered at the row's commit (or by a reviewed change), a
+changed file is refused as a new version, and the ledger's check (horst_sparse/study/ledger.py,
+`make check-results`) names every row, pick and version file that breaks this and every
+confirmatory row on a seed an exploratory version reported on."""
 
 from __future__ import annotations
 
@@ -14,8 +15,7 @@ import pytest
 import yaml
 from conftest import ROOT
 
-from horst_sparse.analysis.runs import read_record
-from horst_sparse.study import protocol
+from horst_sparse.study import ledger, protocol
 from horst_sparse.study import run as study
 
 SPEC = "study: demo\nstatus: confirmatory\nwhy: a test\nclaims: protocols/demo/claims.yaml\nfiles: [{files}]\n"
@@ -57,82 +57,102 @@ def test_every_version_loads_in_order_and_the_newest_is_confirmatory_and_runnabl
     assert current.status == "confirmatory" and current.runnable
     assert study.presets_of("embedded") == sorted(current.presets)
     assert len({v.hash for v in versions}) == len(versions)
+    assert protocol.tuned_under(current, versions).version <= current.version
 
 
-def test_every_recorded_row_was_made_where_its_versions_files_were_as_registered():
-    """Every row of runs.csv and tuning.csv, and every pick of configs/tuned, carries its version's
-    label and was made at a commit where the files its version names are as that version's
-    registering commit left them (git diff), but for v6's retune (GPT-2 HAM's search space): v6
-    counts v5's ViT runs, made before v6 widened it, and v5's later ViT runs ran after it."""
-    versions = {v.version: v for v in protocol.versions("embedded")}
-    record = read_record([ROOT / "results" / "embedded" / "runs.csv"])
-    tuning = pd.concat([pd.read_csv(p) for p in (ROOT / "results" / "tuning").glob("*/*/tuning.csv")])
-    tuning = tuning[tuning.protocol.notna()].rename(columns={"commit": "git_commit"})
-    tuned = (ROOT / "configs" / "tuned").glob("*/*/*.yaml")
-    provenance = [yaml.safe_load(p.read_text()).get("provenance") or {} for p in tuned]
-    picks = pd.DataFrame(
-        [
-            {"protocol": p["protocol"]["version"], "protocol_hash": p["protocol"]["hash"], "git_commit": p["commit"]}
-            for p in provenance
-            if p.get("protocol")
-        ]
+def _record(root, *rows):
+    """results/demo/runs.csv: one row per (protocol, protocol_hash, git_commit, seed)."""
+    (root / "results" / "demo").mkdir(parents=True, exist_ok=True)
+    columns = ["protocol", "protocol_hash", "git_commit", "seed"]
+    pd.DataFrame(rows, columns=columns).to_csv(root / "results" / "demo" / "runs.csv", index=False)
+
+
+def test_the_ledger_names_every_row_and_pick_not_made_at_its_versions_files(repo, monkeypatch, capsys):
+    """A row of the record or a tuning, or a pick, is its version's where it carries the version's
+    label and the files the version names were as registered at its commit; the newest version's
+    files are checked in the working tree too."""
+    (version,) = _register(repo, 1, SPEC.format(files="recipe.yaml"))
+    made = _git(repo, "rev-parse", "HEAD")
+    _record(repo, (1, version.hash, made, 10))
+    (repo / "results" / "tuning" / "vit" / "digits").mkdir(parents=True)
+    tuning = repo / "results" / "tuning" / "vit" / "digits" / "tuning.csv"
+    pd.DataFrame({"protocol": [1, None], "protocol_hash": [version.hash, None], "commit": [made, "0ld"]}).to_csv(
+        tuning, index=False
+    )  # a tuning of no version (its protocol empty) is no version's row
+    (repo / "configs" / "tuned" / "vit" / "digits").mkdir(parents=True)
+    pick = {"protocol": {"version": 1, "hash": version.hash, "file": "protocols/demo/v1.yaml"}, "commit": made}
+    (repo / "configs" / "tuned" / "vit" / "digits" / "horst.yaml").write_text(yaml.safe_dump({"provenance": pick}))
+    assert len(ledger.recorded("demo", repo)) == 1  # the same label and commit, three times
+    monkeypatch.setattr(ledger, "REPO", repo)
+    ledger.main(["demo"])
+    assert "every recorded row and pick of the demo study is its version's" in capsys.readouterr().out
+
+    (repo / "recipe.yaml").write_text("steps: 300\n")
+    _git(repo, "commit", "-qam", "a shorter recipe")
+    later = _git(repo, "rev-parse", "HEAD")
+    _record(repo, (1, version.hash, made, 10), (1, "0123abcd", later, 11), (2, version.hash, made, 12))
+    found = ledger.problems("demo", repo)
+    assert found[0] == f"v1: rows labelled 0123abcd, not the version's {version.hash}"
+    assert f"demo v1 changed since its registration ({made[:12]}): {later[:12]}: recipe.yaml; restore" in found[1]
+    assert found[2] == "1 row(s) of protocol v2, which protocols/demo/ lacks"
+    assert "v1 changed since its registration" in found[3] and "the working tree: recipe.yaml" in found[3]
+    assert len(found) == 4
+    with pytest.raises(SystemExit) as stopped:
+        ledger.main(["demo"])
+    assert stopped.value.code == 1 and "ledger: 1 row(s) of protocol v2" in capsys.readouterr().out
+
+
+def test_the_ledger_names_a_version_file_that_fixes_other_values_than_its_registration(repo):
+    """A version's file may be restated (a comment, or what it shares with the version it extends
+    left to `extends`), never changed in what it fixes."""
+    _register(repo, 1, SPEC.format(files="recipe.yaml") + "tuning: {trials: {vit: 16}}\n")
+    _register(
+        repo, 2, SPEC.replace("a test", "more trials").format(files="recipe.yaml") + "tuning: {trials: {vit: 32}}\n"
     )
-    rows = pd.concat([frame[["protocol", "protocol_hash", "git_commit"]] for frame in (record, tuning, picks)])
-    reviewed = protocol.reviewed(versions.values())
-    for version, part in rows.groupby(rows.protocol.astype(int)):
-        assert set(part.protocol_hash) == {versions[version].hash}, version
-        protocol.check_unchanged(versions[version], set(part.git_commit), reviewed)
-    protocol.check_unchanged(versions[max(versions)], [None], reviewed)  # the working tree: the current version
+    restated = repo / "protocols" / "demo" / "v2.yaml"
+    restated.write_text(
+        "# v1 with more trials\nversion: 2\nextends: 1\nwhy: more trials\ntuning: {trials: {vit: 32}}\n"
+    )
+    assert ledger.version_file_problems(protocol.versions("demo", repo)) == []
+    restated.write_text("version: 2\nextends: 1\nwhy: more trials\n")  # v1's 16 trials, not the 32 it registered
+    (problem,) = ledger.version_file_problems(protocol.versions("demo", repo))
+    assert problem.startswith("protocols/demo/v2.yaml fixes other values than its registration (")
+    assert problem.endswith("-- protocols/demo/v2.yaml); a change is a new version")
 
 
-def test_the_one_reviewed_change_is_v6s_retune():
-    """GPT-2 HAM's search space, from v4's registration (whose tunings v6 takes) to v6's: refused
-    without it, forgiven with it, between v6's registration and a run made before it."""
-    versions = protocol.versions("embedded")
-    blobs = [
-        subprocess.check_output(
-            ["git", "rev-parse", f"{v.registration}:configs/hparams_search/gpt2_ham.yaml"], cwd=ROOT
-        )
-        .decode()
-        .strip()
-        for v in (versions[3], versions[5])
+def test_the_ledger_names_confirmatory_rows_on_an_exploratory_versions_seeds(repo):
+    """An exploratory version's results have been read: a confirmatory one reports on other seeds."""
+    _register(repo, 1, SPEC.replace("confirmatory", "exploratory").format(files="recipe.yaml"))
+    versions = _register(repo, 2, SPEC.format(files="recipe.yaml"))
+    record = pd.DataFrame({"protocol": [1, 1, 2], "seed": [0, 1, 10]})
+    assert ledger.seed_problems(versions, record) == []
+    record.loc[2, "seed"] = 1
+    assert ledger.seed_problems(versions, record) == [
+        "confirmatory rows on seed(s) [1], which an exploratory version reported on: use fresh seeds"
     ]
-    reviewed = protocol.reviewed(versions)
-    assert reviewed == {("configs/hparams_search/gpt2_ham.yaml", frozenset(blobs))}
-    v5_vit_run = "d39f59f3a7a271cfacd2d42c558f82860b33015e"  # before v6's file: its named files alone compared
-    protocol.check_unchanged(versions[5], [v5_vit_run], reviewed)
-    with pytest.raises(protocol.ProtocolError, match=r"v6 changed since its registration .*gpt2_ham.yaml"):
-        protocol.check_unchanged(versions[5], [v5_vit_run])
 
 
-def test_a_version_restated_over_the_one_it_extends_is_the_version_it_registered():
-    """v4-v6 were registered whole and now hold only what differs from the version they extend:
-    once merged, each is the file its registering commit added (its `hash` label aside)."""
-    for version in protocol.versions("embedded")[3:]:
-        registered = subprocess.check_output(
-            ["git", "show", f"{version.registration}:{version.path.relative_to(ROOT)}"], cwd=ROOT
-        )
-        assert "extends" in yaml.safe_load(version.path.read_text())
-        assert {k: v for k, v in version.spec.items() if k != "hash"} == yaml.safe_load(registered)
-
-
-def test_the_record_holds_the_600_and_300_update_gpt2_runs_as_their_versions():
-    record = read_record([ROOT / "results" / "embedded" / "runs.csv"])
-    gpt2 = record[record.pipeline == "gpt2"].drop_duplicates(["protocol", "run"])
-    counts = gpt2.groupby("protocol").run.nunique()
-    assert counts[1] == 40 and counts[2] == 40
-    assert set(gpt2[gpt2.protocol == 1].git_commit) != set(gpt2[gpt2.protocol == 2].git_commit)
-
-
-def test_the_confirmatory_version_reports_on_fresh_seeds():
-    """The exploratory versions reported on seeds 0-9, whose results have been read; the
-    confirmatory ones (v3-v6) on 10-19."""
-    jobs = study.study_jobs(study.presets_of("embedded"))
-    assert {j.seed for j in jobs} == set(range(10, 20))
-    record = read_record([ROOT / "results" / "embedded" / "runs.csv"])
-    status = {v.version: v.status for v in protocol.versions("embedded")}
-    exploratory = record.protocol.map(status) == "exploratory"
-    assert set(record[exploratory].seed) <= set(range(10)) and set(record[~exploratory].seed) <= set(range(10, 20))
+def test_a_row_made_before_its_versions_file_is_checked_on_the_files_it_names(repo):
+    """A version that counts runs made before its file (an earlier version's, at the same picks)
+    checks them on the files it names; the arm it retunes may be at either registered search space."""
+    spaces = repo / "configs" / "hparams_search"
+    spaces.mkdir(parents=True)
+    for arm in ("ham", "adamw"):
+        (spaces / f"gpt2_{arm}.yaml").write_text("alpha: [1, 10]\n")
+    _register(
+        repo, 1, SPEC.format(files="configs/hparams_search/gpt2_ham.yaml, configs/hparams_search/gpt2_adamw.yaml")
+    )
+    (repo / "runs.csv").write_text("v1's runs\n")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "v1's runs")
+    run = _git(repo, "rev-parse", "HEAD")
+    (spaces / "gpt2_ham.yaml").write_text("alpha: [1, 100]\n")
+    versions = _register(repo, 2, "why: wider\nextends: 1\ntunings_from: 1\nretune: [gpt2 ham]\n")
+    protocol.check_unchanged(versions[1], [run], protocol.reviewed(versions))
+    with pytest.raises(
+        protocol.ProtocolError, match=rf"v2 changed since .*: {run[:12]}: configs/hparams_search/gpt2_ham"
+    ):
+        protocol.check_unchanged(versions[1], [run])
 
 
 def test_a_changed_file_is_a_new_version(repo):
@@ -204,14 +224,6 @@ def test_a_version_that_retunes_an_arm_may_change_its_search_space_alone(repo):
     (spaces / "gpt2_ham.yaml").write_text("alpha: [1, 1000]\n")  # the reviewed file changed again
     with pytest.raises(protocol.ProtocolError, match="v2 changed since its registration .*gpt2_ham.yaml"):
         protocol.check_unchanged(versions[1], [None], reviewed)
-
-
-def test_the_current_version_runs_at_v4s_tunings_and_declares_the_mirror_arms_adamw_corner():
-    versions = protocol.versions("embedded")
-    assert protocol.tuned_under(versions[-1], versions).version == 4
-    assert versions[-1].declared_edges == [
-        f"{arm} optimizer.alpha at the lower edge" for arm in ("ham", "horst", "horst_prunable")
-    ]
 
 
 def test_a_protocol_file_names_its_version_and_what_it_lacks(tmp_path):

@@ -3,7 +3,7 @@ the alpha/beta picks were made, and in docs/full_scale.md's, the guide to the fu
 still works as written.
 
 * `train_gpt2.py` / `train_vit.py` commands (plain, `-m` multiruns, `torchrun`): every cell is
-  expanded and composed as Hydra would launch it (`scripts/plan.py`'s expansion) and passes
+  expanded and composed as Hydra would launch it (`horst-sparse plan`'s expansion) and passes
   the pipeline's checks, with the process count torchrun gives. They need ImageNet,
   SlimPajama, a GPU or a cluster at full size; tiny versions of them run in the pipeline,
   launcher and preemption tests.
@@ -52,8 +52,8 @@ TUNING = [
 ]
 GUIDE = readme_commands(ROOT / "docs" / "full_scale.md")
 EVERY = list(dict.fromkeys(COMMANDS + TUNING + GUIDE))  # a command in two of them is tested once
-ENTRY = [c for c in EVERY if re.search(r"\btrain_(gpt2|vit)\.py\b", c) and "horst-plan" not in c]
-SCRIPTS = [c for c in EVERY if re.search(r"\b(scripts|bench)/\w+\.py\b|(^|/)horst-[a-z-]+\b", c)]
+ENTRY = [c for c in EVERY if re.search(r"\btrain_(gpt2|vit)\.py\b", c) and "horst-sparse plan" not in c]
+SCRIPTS = [c for c in EVERY if re.search(r"\b(scripts|bench)/\w+\.py\b|(^|/)horst-sparse\b", c)]
 MAKE = [c for c in COMMANDS if c.startswith("make ")]
 SOURCE = [c for c in COMMANDS if c.startswith("source ")]
 
@@ -68,7 +68,7 @@ def test_the_readme_has_the_commands_this_test_knows():
 
 @pytest.mark.parametrize("command", ENTRY)
 def test_entry_point_command_composes_and_passes_the_checks(command):
-    from horst_sparse.study import plan  # horst-plan: Hydra's own multirun expansion
+    from horst_sparse import plan  # horst-sparse plan: Hydra's own multirun expansion
 
     script, *overrides = [w for w in words(command) if w != "-m"]
     torchrun = int(re.search(r"--nproc_per_node=(\d+)", command).group(1)) if "torchrun" in command else None
@@ -87,15 +87,17 @@ def test_entry_point_command_composes_and_passes_the_checks(command):
 @pytest.mark.parametrize("command", SCRIPTS)
 def test_script_command_uses_only_flags_the_script_takes(command):
     parts = words(command)
-    script = next(p for p in parts if re.match(r"^(scripts|bench)/\w+\.py$|^(.*/)?horst-[a-z-]+$", p))
-    command_line = (
-        [str(Path(sys.executable).parent / Path(script).name)]
-        if "horst-" in script
-        else [sys.executable, str(ROOT / script)]
+    at, script = next(
+        (i, p) for i, p in enumerate(parts) if re.match(r"^(scripts|bench)/\w+\.py$|^(.*/)?horst-sparse$", p)
     )
-    assert Path(command_line[-1]).is_file(), script  # a horst-* command: installed beside this Python
+    installed = Path(sys.executable).parent / "horst-sparse"  # the one command, installed beside this Python
+    if script.endswith("horst-sparse"):
+        command_line = [str(installed), parts[at + 1]]  # the command and its subcommand
+    else:
+        command_line = [sys.executable, str(ROOT / script)]
+    assert (installed if script.endswith("horst-sparse") else ROOT / script).is_file(), script
     flags = {p.split("=")[0] for p in parts if p.startswith("--")}
-    if script.endswith("horst-plan"):
+    if command_line[1:] == ["plan"]:
         return  # its arguments are an entry point's: test_entry_point_command_... covers the same commands
     if flags:
         help_text = subprocess.run(
@@ -112,13 +114,13 @@ def test_make_target_exists(command):
 
 @pytest.mark.parametrize("command", SOURCE)
 def test_the_environment_the_readme_activates_is_the_one_make_builds(command):
-    """`source .venv/bin/activate` puts this interpreter and its horst-* commands first on PATH."""
+    """`source .venv/bin/activate` puts this interpreter and its horst-sparse command first on PATH."""
     activate = ROOT / command.split()[1]
     assert activate == Path(sys.prefix) / "bin" / "activate" or not (ROOT / ".venv").exists(), (activate, sys.prefix)
     done = subprocess.run(
-        ["bash", "-c", f"source {activate} && command -v python horst-plan"], capture_output=True, text=True, cwd=ROOT
+        ["bash", "-c", f"source {activate} && command -v python horst-sparse"], capture_output=True, text=True, cwd=ROOT
     )
     assert done.returncode == 0 and done.stdout.split() == [
         str(activate.parent / "python"),
-        str(activate.parent / "horst-plan"),
+        str(activate.parent / "horst-sparse"),
     ]

@@ -1,4 +1,4 @@
-"""Nested search spaces (issue 31): every arm searches its pipeline's shared space (lr, weight
+"""Nested search spaces: every arm searches its pipeline's shared space (lr, weight
 decay, warm-up, the same ranges) first and adds only its own keys; HORST's space reaches AdamW;
 a study refuses arms whose searches differ and picks at the edge of a range."""
 
@@ -11,18 +11,12 @@ import horst
 from horst_sparse.compose import compose
 from horst_sparse.paths import CONFIGS
 from horst_sparse.pipeline import get, names
-from horst_sparse.study.tuning import (
-    BudgetError,
-    check_equal_budgets,
-    check_nested_spaces,
-    edge_declared,
-    edges,
-    position,
-)
+from horst_sparse.study.budget import BudgetError, check_equal_budgets, check_nested_spaces, edge_declared
+from horst_sparse.study.tuning import edges, position
 
 
 def space(pipeline: str, optimizer: str) -> dict[str, str]:
-    """The sweeper's params as `horst-tune <pipeline> <optimizer>` composes them, in order."""
+    """The sweeper's params as `horst-sparse tune <pipeline> <optimizer>` composes them, in order."""
     config = compose(get(pipeline), [f"+hparams_search={pipeline}_{optimizer}"], hydra_node=True)
     return {str(k): str(v) for k, v in config.hydra.sweeper.params.items()}
 
@@ -158,6 +152,7 @@ def test_an_arm_tuned_on_its_own_runs_at_its_own_values_and_the_study_counts_arm
     HORST's (the ViT, where the study does not run it); the study's budget counts it as an arm of
     its own and refuses it untuned."""
     from horst_sparse.study import run as study
+    from horst_sparse.study.jobs import Job
 
     for pipeline in ("gpt2", "vit"):
         horst_run, prunable = (compose(get(pipeline), [f"+arm={arm}"]) for arm in ("horst", "horst_prunable"))
@@ -167,7 +162,7 @@ def test_an_arm_tuned_on_its_own_runs_at_its_own_values_and_the_study_counts_arm
     jobs = [j for j in study.study_jobs(["embedded_gpt2"]) if j.seed == 10]
     assert sorted({j.config["tuned_as"] for j in jobs}) == ["adamw", "ham", "horst", "horst_prunable"]
     untuned = [
-        study.Job(**{**j.__dict__, "config": {**j.config, "tuned": {**j.config["tuned"], "horst_prunable": {}}}})
+        Job(**{**j.__dict__, "config": {**j.config, "tuned": {**j.config["tuned"], "horst_prunable": {}}}})
         for j in jobs
     ]
     with pytest.raises(BudgetError, match="arm horst_prunable was not tuned"):

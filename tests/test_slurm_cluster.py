@@ -9,7 +9,7 @@ Skipped, with the command that starts the cluster, where it is not running (test
 The jobs are CPU jobs (`hydra.launcher.gpus_per_node=0`: one task, no GPU asked for) of the
 smallest GPT-2; the tests mostly wait on SLURM (a requeued job starts again ~12 s later). The
 `slurm_cpu` preset runs as it is; the 4-GPU preset as a CPU job asks more CPUs than the node has
-and pends (PartitionConfig), as `horst-plan` warns and `horst-sweep-status` shows. A cell that
+and pends (PartitionConfig), as `horst-sparse plan` warns and `horst-sparse status` shows. A cell that
 must still train when SLURM acts on it is paced (`sweep(..., seconds_per_step=...)`), so no
 verdict depends on how fast the machine trains.
 """
@@ -32,6 +32,7 @@ import pytest
 import torch
 import yaml
 from conftest import (
+    HORST_SPARSE,
     QUIET_ENV,
     ROOT,
     SLURM_CLUSTER_HINT,
@@ -307,7 +308,7 @@ def test_a_late_requeue_of_a_finished_cell_changes_no_file(slurm_cluster, pydoc_
 
 
 def test_submit_and_return_then_status_follows_the_cells(slurm_cluster, pydoc_dir, tmp_path):
-    """`hydra.launcher.wait=false` returns once the jobs are queued; `horst-sweep-status` (the
+    """`hydra.launcher.wait=false` returns once the jobs are queued; `horst-sparse status` (the
     command it names) shows each cell's state, records a cell SLURM ended as failed, and collects
     the tables."""
     sweep_dir = tmp_path / "sweep"
@@ -318,14 +319,14 @@ def test_submit_and_return_then_status_follows_the_cells(slurm_cluster, pydoc_di
     )
     _, stderr = launcher.communicate(timeout=TIMEOUT)
     assert launcher.returncode == 0, stderr[-3000:]
-    assert f"their state: horst-sweep-status {sweep_dir}" in stderr
-    sweep_status = str(Path(sys.executable).parent / "horst-sweep-status")  # installed beside this Python
+    assert f"their state: horst-sparse status {sweep_dir}" in stderr
+    sweep_status = [HORST_SPARSE, "status"]  # installed beside this Python
     short, long = cells(sweep_dir)
     assert not list(sweep_dir.glob("*/summary.json"))  # returned before any cell finished
 
     def status() -> subprocess.CompletedProcess:
         return subprocess.run(
-            [sweep_status, str(sweep_dir)],
+            [*sweep_status, str(sweep_dir)],
             env=ENV,
             capture_output=True,
             text=True,
@@ -361,7 +362,7 @@ def test_submit_and_return_then_status_follows_the_cells(slurm_cluster, pydoc_di
     assert record["continue"].startswith("python train_gpt2.py ")
 
     tables = subprocess.run(
-        [sweep_status, str(sweep_dir), "--tables", str(tmp_path / "tables")],
+        [*sweep_status, str(sweep_dir), "--tables", str(tmp_path / "tables")],
         env=ENV,
         capture_output=True,
         text=True,
@@ -402,14 +403,13 @@ def test_a_cpu_job_of_the_gpu_preset_is_planned_with_a_warning_and_shown_pending
     slurm_cluster, pydoc_dir, tmp_path
 ):
     """The 4-GPU preset with `gpus_per_node=0`: one task of 12 CPUs, more than the test node's 8.
-    `horst-plan` says what each task asks and warns in one line naming the key to lower;
-    submitted anyway, SLURM queues the job and never starts it, and `horst-sweep-status` shows
+    `horst-sparse plan` says what each task asks and warns in one line naming the key to lower;
+    submitted anyway, SLURM queues the job and never starts it, and `horst-sparse status` shows
     why (squeue's PartitionConfig) and what to do. (Its 256 GB sbatch refuses outright here.)"""
     job = ["hydra/launcher=slurm", "hydra.launcher.gpus_per_node=0", "hydra.launcher.mem_gb=2"]
     arguments = [*job, *TINY_GPT2, f"data.dir={pydoc_dir}", "train.max_steps=4"]
-    bin_dir = Path(sys.executable).parent  # the commands installed beside this Python
     planned = subprocess.run(
-        [str(bin_dir / "horst-plan"), "train_gpt2.py", "-m", *arguments],
+        [HORST_SPARSE, "plan", "train_gpt2.py", "-m", *arguments],
         cwd=ROOT,
         env=ENV,
         capture_output=True,
@@ -433,7 +433,7 @@ def test_a_cpu_job_of_the_gpu_preset_is_planned_with_a_warning_and_shown_pending
 
         def pending_for_its_partition() -> list[str] | None:
             shown = subprocess.run(
-                [str(bin_dir / "horst-sweep-status"), str(sweep_dir)],
+                [HORST_SPARSE, "status", str(sweep_dir)],
                 env=ENV,
                 capture_output=True,
                 text=True,
@@ -456,7 +456,7 @@ def test_a_cancelled_cell_of_a_sweep_that_returned_is_continued_by_the_line_stat
     """A `wait=false` sweep of the ViT smoke preset on `slurm_cpu`, W&B offline as a user runs it;
     `scancel` of one cell while it trains. That cell checkpoints, says in its log that it was
     cancelled (no traceback: W&B's service process, which SLURM's SIGTERM ends too, is closed
-    cleanly) and records it. `horst-sweep-status` prints the line that continues the sweep; run as
+    cleanly) and records it. `horst-sparse status` prints the line that continues the sweep; run as
     printed, it submits the cancelled cell alone, through the same launcher, and that cell
     continues from its checkpoint while the finished one keeps its files."""
     sweep_dir = tmp_path / "sweep"
@@ -484,10 +484,10 @@ def test_a_cancelled_cell_of_a_sweep_that_returned_is_continued_by_the_line_stat
     finished, cancelled = cells(sweep_dir)
     wait_for(lambda: logged_steps(Path(cancelled["run_dir"])), "cell 1 to train")
     subprocess.run(["scancel", cancelled["slurm_job_id"]], check=True)
-    sweep_status = str(Path(sys.executable).parent / "horst-sweep-status")
+    sweep_status = [HORST_SPARSE, "status"]
 
     def status() -> subprocess.CompletedProcess:
-        return subprocess.run([sweep_status, str(sweep_dir)], env=env, capture_output=True, text=True, timeout=120)
+        return subprocess.run([*sweep_status, str(sweep_dir)], env=env, capture_output=True, text=True, timeout=120)
 
     wait_for(lambda: status().returncode != 3, "both cells to end", every=2)
     shown = status()

@@ -1,5 +1,5 @@
 """A sparsity sweep's runs stay apart in the tables: real runs of `train_vit.py -m acdc.sparsity=0.8,0.9`
-(smoke size) give both columns in horst-tables and horst-sweep-table, each its own run's number."""
+(smoke size) give both columns in horst-sparse tables and horst-sparse sweep-table, each its own run's number."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 
 import pandas as pd
 import pytest
-from conftest import QUIET_ENV, ROOT
+from conftest import HORST_SPARSE, QUIET_ENV, ROOT
 
 TINY = ["experiment=smoke_vit", "train.batch_size=256", "train.base_batch_size=256", "train.checkpoint_interval=0"]
 
@@ -39,7 +39,7 @@ def top1_of_each_run(sweep_dir) -> dict[float, float]:
 def test_every_sparsity_of_the_sweep_is_a_column_of_its_own(sparsity_sweep, tmp_path):
     out = tmp_path / "tables"
     done = subprocess.run(
-        [sys.executable, "scripts/make_tables.py", str(sparsity_sweep), "--out", str(out)],
+        [HORST_SPARSE, "tables", str(sparsity_sweep), "--out", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -56,7 +56,7 @@ def test_every_sparsity_of_the_sweep_is_a_column_of_its_own(sparsity_sweep, tmp_
 
 def test_the_sweep_table_keeps_both_sparsities(sparsity_sweep, tmp_path):
     done = subprocess.run(
-        [sys.executable, "scripts/sweep_table.py", str(sparsity_sweep), "--out", str(tmp_path / "sweep")],
+        [HORST_SPARSE, "sweep-table", str(sparsity_sweep), "--out", str(tmp_path / "sweep")],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -7,13 +7,12 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import ROOT, record, vit_claim
+from conftest import HORST_SPARSE, ROOT, record, vit_claim
 
 from horst_sparse.analysis import claims, report, runs, tables
 from horst_sparse.analysis.stats import detectable_effect, holm, paired_interval
@@ -178,7 +177,7 @@ def test_committed_outputs_agree_and_regenerate_from_the_record(tmp_path, folder
     protocol versions has one report per version (v<N>/, by its own rules) and every version's
     verdicts in its claims.md and headline.md."""
     from horst_sparse.study import protocol
-    from horst_sparse.study.run import write_versions_report
+    from horst_sparse.study.report import write_versions_report
 
     committed = ROOT / folder
     frame = runs.read_record([committed / "runs.csv"])
@@ -221,7 +220,7 @@ def test_study_report_on_the_command_line(tmp_path):
     record_file = tmp_path / "runs.csv"
     runs.write_record(vit_claim({0.7: 0.5, 0.8: 1.5, 0.9: 2.0}), record_file)
     done = subprocess.run(
-        [sys.executable, "scripts/study_report.py", str(record_file), "--out", str(tmp_path / "out")],
+        [HORST_SPARSE, "study-report", str(record_file), "--out", str(tmp_path / "out")],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -230,8 +229,8 @@ def test_study_report_on_the_command_line(tmp_path):
     assert "1. **reproduced**" in done.stdout
     wrong = subprocess.run(
         [
-            sys.executable,
-            "scripts/study_report.py",
+            HORST_SPARSE,
+            "study-report",
             str(record_file),
             "--out",
             str(tmp_path / "x"),

@@ -1,16 +1,15 @@
-"""horst_sparse.analysis.sweep and scripts/sweep_table.py: an alpha x beta grid over seeds, its pick, the GPT-2
+"""horst_sparse.analysis.sweep and horst-sparse sweep-table: an alpha x beta grid over seeds, its pick, the GPT-2
 score, failed runs ranked worst, other settings in other grids."""
 
 from __future__ import annotations
 
 import copy
 import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import ROOT
+from conftest import HORST_SPARSE, ROOT
 
 from horst_sparse.analysis import sweep
 from horst_sparse.analysis.runs import NoRunsError, read_runs
@@ -32,7 +31,7 @@ def test_vit_grid_mean_over_seeds_and_pick(tmp_path, job_configs, write_run):
         for seed, value in enumerate(values):
             write_run(tmp_path / f"a{alpha}_b{beta}_s{seed}", _horst(horst, alpha, beta, seed), value)
     done = subprocess.run(
-        [sys.executable, "scripts/sweep_table.py", str(tmp_path), "--out", str(tmp_path / "out")],
+        [HORST_SPARSE, "sweep-table", str(tmp_path), "--out", str(tmp_path / "out")],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -74,13 +73,11 @@ def test_a_failed_run_makes_its_cell_worst_and_other_settings_are_other_grids(tm
 
 
 def _sweep_table(*arguments) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "scripts/sweep_table.py", *map(str, arguments)], cwd=ROOT, capture_output=True, text=True
-    )
+    return subprocess.run([HORST_SPARSE, "sweep-table", *map(str, arguments)], cwd=ROOT, capture_output=True, text=True)
 
 
 def test_a_cancelled_cell_is_not_scored_and_a_seed_run_twice_counts_once(tmp_path, job_configs, write_run):
-    """A cell SLURM cancelled (failed.json as horst-sweep-status writes it) is listed, not ranked
+    """A cell SLURM cancelled (failed.json as horst-sparse status writes it) is listed, not ranked
     worst; the same alpha, beta and seed run twice is one replicate: [1], not [2] with ± 0.00."""
     horst = job_configs[("vit", "horst")]
     write_run(tmp_path / "a" / "3_0.3_s0", _horst(horst, 3.0, 0.3, 0), 0.90)

@@ -1,7 +1,7 @@
-"""horst-tables (scripts/make_tables.py) and horst-sweep-status --tables over an ordinary sweep, on
+"""horst-sparse tables (horst-sparse tables) and horst-sparse status --tables over an ordinary sweep, on
 real run folders: the digits ViT through `train_vit.py -m` over two train.epochs values and two
 seeds, a cell that diverged in its own multirun, a cell SLURM cancelled (its failed.json as
-horst-sweep-status writes it), and the same cell run twice. Cells are keyed by settings and named
+horst-sparse status writes it), and the same cell run twice. Cells are keyed by settings and named
 by the keys that differ, a repeat of a seed is one replicate, the runs that ended early are told
 apart, and the claims are judged only where the runs are one study."""
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from conftest import QUIET_ENV, ROOT
+from conftest import HORST_SPARSE, QUIET_ENV, ROOT
 
 from horst_sparse.analysis import runs
 from horst_sparse.training.runner import NON_FINITE_EXIT_CODE, record_failed_cell
@@ -75,7 +75,7 @@ def _folder(sweep_dir: Path, epochs: int, seed: int) -> Path:
 
 
 def _cancel(sweep_dir: Path, num: int, epochs: int, seed: int) -> Path:
-    """A cell SLURM cancelled before it ran, recorded as horst-sweep-status records it."""
+    """A cell SLURM cancelled before it ran, recorded as horst-sparse status records it."""
     config = yaml.safe_load((_folder(sweep_dir, epochs, 0) / "config.yaml").read_text()) | {"seed": seed}
     folder = sweep_dir / f"{num}_vit_digits_horst_s0.9_seed{seed}_cancelled"
     state = "CANCELLED by 0"
@@ -93,9 +93,7 @@ def _cancel(sweep_dir: Path, num: int, epochs: int, seed: int) -> Path:
 
 
 def _tables(*arguments: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "scripts/make_tables.py", *arguments], cwd=ROOT, capture_output=True, text=True, timeout=300
-    )
+    return subprocess.run([HORST_SPARSE, "tables", *arguments], cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
 def _rows(tables_md: str) -> list[list[str]]:
@@ -172,7 +170,7 @@ def test_cancelled_diverged_and_unfinished_runs_are_told_apart(sweep, tmp_path):
 
 
 def test_sweep_status_tables_over_a_sweep_ends_without_an_error(sweep, tmp_path):
-    """horst-sweep-status --tables over the SLURM sweep (jobs.json as the launcher writes it;
+    """horst-sparse status --tables over the SLURM sweep (jobs.json as the launcher writes it;
     every cell has ended, so SLURM is not asked): the cells' states, then the tables, the claims
     line, and its own exit status (1: a cell was cancelled), no traceback and no `error:`."""
     sweep_dir = sweep / "sweep"
@@ -193,13 +191,13 @@ def test_sweep_status_tables_over_a_sweep_ends_without_an_error(sweep, tmp_path)
     (sweep_dir / "jobs.json").write_text(json.dumps(jobs))
     out = tmp_path / "tables"
     done = subprocess.run(
-        [sys.executable, "scripts/sweep_status.py", str(sweep_dir), "--tables", str(out)],
+        [HORST_SPARSE, "status", str(sweep_dir), "--tables", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,
     )
-    assert done.returncode == 1, done.stderr  # horst-sweep-status's own: a failed cell
+    assert done.returncode == 1, done.stderr  # horst-sparse status's own: a failed cell
     assert "Traceback" not in done.stderr and "error:" not in done.stderr, done.stderr
     assert "4 done, 1 failed, 0 running, 0 pending of 5 cells" in done.stdout
     assert "claims not judged" in done.stdout and (out / "runs.csv").is_file()

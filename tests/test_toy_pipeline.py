@@ -19,7 +19,7 @@ def test_a_toy_pipeline_is_planned_tuned_run_and_tabulated(tmp_path, monkeypatch
     from horst_sparse.analysis.report import write_report
     from horst_sparse.analysis.runs import scan
     from horst_sparse.compose import compose
-    from horst_sparse.study.plan import check, plan
+    from horst_sparse.plan import check, plan
     from horst_sparse.study.tuning import tune
 
     configs = tmp_path / "configs"

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, _subprocess_env
+from conftest import HORST_SPARSE, ROOT, _subprocess_env
 from omegaconf import OmegaConf
 
 from horst_sparse.compose import ComposeError, compose
@@ -81,7 +81,7 @@ def test_typo_in_an_experiment_file_fails_before_any_work(tmp_path):
 @pytest.mark.parametrize("optimizer", ["horst", "ham"])
 def test_alpha_beta_picks_apply_to_the_embedded_recipe_only(optimizer):
     """configs/tuned/gpt2/pydoc/<optimizer>.yaml holds the embedded benchmark's picks
-    (scripts/tune.py, results/tuning/); the paper's setting keeps the published (HAM) and library
+    (horst-sparse tune, results/tuning/); the paper's setting keeps the published (HAM) and library
     (HORST) values, which a 2M-parameter tuning does not transfer to. Where each value comes
     from: tests/test_config_precedence.py."""
     picked = OmegaConf.load(CONFIGS / "tuned" / "gpt2" / "pydoc" / f"{optimizer}.yaml")
@@ -250,7 +250,7 @@ def test_an_unknown_group_option_is_one_line_with_the_closest_name(script, overr
 
 def test_the_planner_names_an_unknown_option_in_one_line():
     done = subprocess.run(
-        [sys.executable, "scripts/plan.py", "train_vit.py", "-m", "optimizer=horts"],
+        [HORST_SPARSE, "plan", "train_vit.py", "-m", "optimizer=horts"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -263,7 +263,7 @@ def test_the_tuner_names_an_unknown_option_in_one_line(tmp_path):
     clone = tmp_path / "clone"  # the tuner refuses a dirty tree before anything else
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
     done = subprocess.run(
-        [sys.executable, "scripts/tune.py", "vit", "adamw", "--trials", "2", "--dry-run", "hydra/launcher=jobli"],
+        [HORST_SPARSE, "tune", "vit", "adamw", "--trials", "2", "--dry-run", "hydra/launcher=jobli"],
         cwd=clone,
         env={**_subprocess_env(), "PYTHONPATH": str(clone)},
         capture_output=True,

@@ -305,8 +305,8 @@ def test_a_fast_path_that_fell_back_is_recorded_in_the_summary_and_named_at_the_
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (make gpu-check on a GPU machine)")
 def test_a_cuda_run_resumes_through_the_runner_and_its_steps_after_it_do_not_sync(tmp_path):
     """A requeued GPU run: a HORST run on CUDA checkpoints, a new `Run` resumes it (`Run.restore`,
-    the runner's load path) and continues. Checks: the resume no longer crashes (the RNG states
-    were loaded onto the GPU); the CUDA RNG state is restored; the moments are on the GPU and each
+    the runner's load path) and continues. Checks: the resume runs (the CPU RNG state loads as the
+    CPU byte tensor torch needs, not onto the GPU); the CUDA RNG state is restored; the moments are on the GPU and each
     `step` counter a CPU tensor; the continued run equals the uninterrupted one; and the steps after
     the resume run under `torch.cuda.set_sync_debug_mode("error")`: no host sync in the forward,
     backward, HORST's step (the plain path: the fast path's own step is horst's to test) or the

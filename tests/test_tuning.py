@@ -1,4 +1,4 @@
-"""Tuning as a feature (horst_sparse/study/tuning.py, scripts/tune.py): quasi-random trials through
+"""Tuning as a feature (horst_sparse/study/tuning.py, horst-sparse tune): quasi-random trials through
 Hydra's multirun and hydra-optuna-sweeper, scored on the validation split only, the pick
 written where the next run reads it, and the equal-budget check a study calls.
 
@@ -18,12 +18,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from conftest import ROOT, _subprocess_env
+from conftest import HORST_SPARSE, ROOT, _subprocess_env
 
 import horst_sparse.vit.data
 from horst_sparse.compose import compose
 from horst_sparse.pipeline import get
-from horst_sparse.study import tuning
+from horst_sparse.study import budget, tuning
 from horst_sparse.vit.data import DigitsDataset
 
 TINY = (
@@ -150,7 +150,7 @@ DECAY = {"train.lr": "tag(log, interval(3e-4, 2e-2))", "optimizer.weight_decay":
         ),
         (
             {"adamw": _provenance(16, [100]), "horst": {"provenance": None}},
-            "arm horst was not tuned by scripts/tune.py",
+            "arm horst was not tuned by horst-sparse tune",
         ),
         (  # AdamW's lr alone (--keys), HORST's lr and decay: the shared keys nest, but HORST searched more of them
             {"adamw": _provenance(16, [100], left_out=["optimizer.weight_decay"]),
@@ -160,8 +160,8 @@ DECAY = {"train.lr": "tag(log, interval(3e-4, 2e-2))", "optimizer.weight_decay":
     ],
 )  # fmt: skip
 def test_unequal_budgets_are_refused(arms, message):
-    with pytest.raises(tuning.BudgetError, match=message):
-        tuning.check_equal_budgets(arms, arms, reporting_seeds=range(10))
+    with pytest.raises(budget.BudgetError, match=message):
+        budget.check_equal_budgets(arms, arms, reporting_seeds=range(10))
 
 
 def test_equal_budgets_pass_and_the_committed_picks_were_not_tuned_alike(tuned):
@@ -169,11 +169,11 @@ def test_equal_budgets_pass_and_the_committed_picks_were_not_tuned_alike(tuned):
     committed HORST grid pick (made before this protocol) it is refused."""
     _, configs, _ = tuned
     cfg = _compose(configs)
-    tuning.check_equal_budgets(cfg.tuned, ["adamw"], reporting_seeds=range(10))
+    budget.check_equal_budgets(cfg.tuned, ["adamw"], reporting_seeds=range(10))
     equal = {"adamw": _provenance(16, [100, 101]), "horst": _provenance(16, [100, 101])}
-    tuning.check_equal_budgets(equal, equal, reporting_seeds=range(10))
-    with pytest.raises(tuning.BudgetError, match="arm horst was not tuned"):
-        tuning.check_equal_budgets(cfg.tuned, ["adamw", "horst"], reporting_seeds=range(10))
+    budget.check_equal_budgets(equal, equal, reporting_seeds=range(10))
+    with pytest.raises(budget.BudgetError, match="arm horst was not tuned"):
+        budget.check_equal_budgets(cfg.tuned, ["adamw", "horst"], reporting_seeds=range(10))
 
 
 def test_trial_i_of_every_arm_is_the_same_point_in_the_shared_space(tuned):
@@ -463,7 +463,7 @@ def test_a_trial_scores_the_mean_over_its_cells_and_the_best_are_rerun_at_more_s
 
 @pytest.mark.slow  # a real multi-process run; make test-all (keeps make test under 10 min on 2 cores)
 def test_overrides_that_change_the_recipe_never_write_its_picks(tmp_path):
-    """`horst-tune vit horst experiment=smoke_vit` once rewrote the 40-epoch recipe's committed pick
+    """`horst-sparse tune vit horst experiment=smoke_vit` once rewrote the 40-epoch recipe's committed pick
     with a 4-epoch one: overrides that change what the recipe trains are refused, naming them,
     unless the pick goes elsewhere (--out) or nowhere (--dry-run); where and how fast it runs is fine."""
     with pytest.raises(
@@ -505,26 +505,10 @@ def test_untracked_files_under_configs_make_the_tree_dirty(tmp_path):
         tuning.require_clean_tree(tmp_path, tuning=("vit", "horst"))
 
 
-@pytest.mark.parametrize(
-    "process,argv,made_by",
-    [
-        (["/opt/venv/bin/horst-tune", "vit", "adamw", "--trials", "3"], None, "horst-tune vit adamw --trials 3"),
-        (["/opt/venv/bin/horst-sparse", "tune", "vit", "adamw"], ["vit", "adamw"], "horst-sparse tune vit adamw"),
-        (["scripts/tune.py", "gpt2", "ham", "seed=101"], None, "python scripts/tune.py gpt2 ham seed=101"),
-        ([str(ROOT / "horst_sparse" / "cli.py"), "tune", "vit", "ham"], ["vit", "ham"],
-         "python -m horst_sparse.cli tune vit ham"),
-        (["pytest", "-q", "tests"], ["vit", "horst", "x=a b"], "horst-tune vit horst 'x=a b'"),  # main() from code
-    ],
-)  # fmt: skip
-def test_made_by_is_the_command_as_typed(process, argv, made_by, monkeypatch):
-    monkeypatch.setattr(sys, "argv", process)
-    assert tuning.typed_command(process[1:] if argv is None else argv) == made_by
-
-
 def _help_examples(clone: Path, env: dict) -> list[str]:
-    """The example lines of `horst-tune --help`: the block under its line "examples, ...:"."""
+    """The example lines of `horst-sparse tune --help`: the block under its line "examples, ...:"."""
     shown = subprocess.run(
-        [str(Path(sys.executable).parent / "horst-tune"), "--help"], cwd=clone, env=env, capture_output=True,
+        [HORST_SPARSE, "tune", "--help"], cwd=clone, env=env, capture_output=True,
         text=True, timeout=120, check=True,
     ).stdout  # fmt: skip
     lines = shown.splitlines()
@@ -535,7 +519,7 @@ def _help_examples(clone: Path, env: dict) -> list[str]:
 
 @pytest.mark.slow  # 3 + 2 tuning trials and 2 runs at smoke size through the commands (~2-4 min on 2 cores)
 def test_the_help_examples_run_as_written(tmp_path):
-    """Every example of `horst-tune --help` runs as written, in a clean clone (the tuner refuses a
+    """Every example of `horst-sparse tune --help` runs as written, in a clean clone (the tuner refuses a
     dirty tree): the smoke tuning of the learning rate alone writes its pick to --out, with the
     command as typed; a run loads it as the help says and trains at the pick (at the picked trial's
     seed and split it is that trial's run again, to the bit); the GPT-2 example reruns its better
@@ -543,7 +527,7 @@ def test_the_help_examples_run_as_written(tmp_path):
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
     env = {**_subprocess_env(), "PYTHONPATH": str(clone), "OMP_WAIT_POLICY": "PASSIVE"}
-    commands = {"horst-tune": str(Path(sys.executable).parent / "horst-tune"), "python": sys.executable}
+    commands = {"horst-sparse": HORST_SPARSE, "python": sys.executable}
 
     def run(line: str) -> str:
         argv = shlex.split(line)
@@ -556,10 +540,10 @@ def test_the_help_examples_run_as_written(tmp_path):
         return subprocess.run(["git", "status", "--porcelain"], cwd=clone, capture_output=True, text=True).stdout
 
     examples = _help_examples(clone, env)
-    assert [shlex.split(e)[:3] for e in examples] == [
-        ["horst-tune", "vit", "adamw"],
-        ["python", "train_vit.py", "--config-dir"],
-        ["horst-tune", "gpt2", "horst"],
+    assert [shlex.split(e)[:4] for e in examples] == [
+        ["horst-sparse", "tune", "vit", "adamw"],
+        ["python", "train_vit.py", "--config-dir", "outputs/picks/vit"],
+        ["horst-sparse", "tune", "gpt2", "horst"],
     ]
     tune_vit, run_vit, tune_gpt2 = examples
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True).stdout.strip()

@@ -7,11 +7,10 @@ from __future__ import annotations
 import itertools
 import math
 import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from conftest import HORST_SPARSE
 
 from horst_sparse.analysis.tuning_curves import axis_range, curves, expected_best, order, verdict
 
@@ -65,16 +64,19 @@ def test_an_order_that_turns_with_the_budget_says_where_it_is_judged():
 def test_the_command_writes_its_table_and_figure(tmp_path):
     path = tmp_path / "tuning.csv"
     record({"adamw": [0.5, 0.6, 0.7, 0.65], "horst": [0.55, 0.62, 0.71, 0.6]}).to_csv(path, index=False)
-    command = [str(Path(sys.executable).parent / "horst-tuning-curves"), str(path), "--maximize", "--support", "0", "1"]
+    command = [HORST_SPARSE, "tuning-curves", str(path), "--maximize", "--support", "0", "1"]
     done = subprocess.run(command, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "tuning_curves.png").stat().st_size > 10_000 and "| k | adamw | horst |" in done.stdout
     assert len(pd.read_csv(tmp_path / "tuning_curves.csv")) == 8
     stability = (tmp_path / "pick_stability.md").read_text()
-    assert stability.startswith(f"Written by `horst-tuning-curves {path} --maximize") and "protocol" not in stability
+    assert (
+        stability.startswith(f"Written by `horst-sparse tuning-curves {path} --maximize")
+        and "protocol" not in stability
+    )
     assert "- adamw's pick (trial 2) changes in " in stability  # no reruns: the best search score
     assert pd.read_csv(tmp_path / "pick_stability.csv").top_k.eq(0).all()
-    missing = subprocess.run([*command[:1], str(tmp_path / "none.csv")], capture_output=True, text=True)
+    missing = subprocess.run([*command[:2], str(tmp_path / "none.csv")], capture_output=True, text=True)
     assert missing.returncode == 1 and missing.stderr.strip().startswith("error: no tuning record")
 
 
@@ -106,13 +108,13 @@ def test_a_versioned_record_with_reruns_gets_curves_of_its_search_stage_per_prot
     rows["pick"] = [(a, t) in {("adamw", 2), ("horst", 2)} for a, t in zip(rows.arm, rows.trial)]  # adamw's: stale
     path = tmp_path / "tuning.csv"
     rows.to_csv(path, index=False)
-    command = [str(Path(sys.executable).parent / "horst-tuning-curves"), str(path), "--maximize", "--support", "0", "1"]
+    command = [HORST_SPARSE, "tuning-curves", str(path), "--maximize", "--support", "0", "1"]
     done = subprocess.run([*command, "--draws", "300"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert not (tmp_path / "tuning_curves.md").exists() and (tmp_path / "tuning_curves_v3.png").stat().st_size > 10_000
     assert len(pd.read_csv(tmp_path / "tuning_curves_v3.csv")) == 12  # the search stage alone
     curves_md = (tmp_path / "tuning_curves_v3.md").read_text()
-    assert curves_md.startswith("Written by `horst-tuning-curves") and "protocol v3, search stage" in curves_md
+    assert curves_md.startswith("Written by `horst-sparse tuning-curves") and "protocol v3, search stage" in curves_md
     table = pd.read_csv(tmp_path / "pick_stability.csv")
     assert table.columns.tolist() == [
         "protocol", "arm", "trials", "top_k", "seeds", "pick", "pick_score", "draws", "changed", "absent", "runner_up",
@@ -189,7 +191,7 @@ def test_a_version_that_runs_an_earlier_tuning_gets_curves_of_every_arm_it_ran(t
     v2 = record({"horst": [0.65, 0.75, 0.8]}).assign(protocol=2, stage="search", seed=100)
     path = tmp_path / "tuning.csv"
     pd.concat([v1, v2], ignore_index=True).to_csv(path, index=False)
-    command = [str(Path(sys.executable).parent / "horst-tuning-curves"), str(path), "--maximize", "--support", "0", "1"]
+    command = [HORST_SPARSE, "tuning-curves", str(path), "--maximize", "--support", "0", "1"]
     done = subprocess.run([*command, "--draws", "50", "--inherit", "2=1"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     ran = pd.read_csv(tmp_path / "tuning_curves_v2_as_run.csv")

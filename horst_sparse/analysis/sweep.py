@@ -145,10 +145,10 @@ def markdown(pipeline: str, grid_cells: pd.DataFrame, command: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`horst-sweep-table` (scripts/sweep_table.py): An alpha x beta sweep's table and its pick (horst_sparse.analysis.sweep):
+    """`horst-sparse sweep-table`: An alpha x beta sweep's table and its pick (horst_sparse.analysis.sweep):
 
-        horst-sweep-table outputs/tuning/vit_* --out results/tuning/vit
-        horst-sweep-table outputs/tuning/gpt2_* --out results/tuning/gpt2
+        horst-sparse sweep-table outputs/tuning/vit_* --out results/tuning/vit
+        horst-sparse sweep-table outputs/tuning/gpt2_* --out results/tuning/gpt2
 
     Writes sweep.md (also printed) and sweep.csv (one line per cell) into --out. Tuning trials
     below the given folders are left out unless --tuning (or a given folder is itself inside a
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(
-        prog="horst-sweep-table",
+        prog="horst-sparse sweep-table",
         description=(main.__doc__ or "").split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=(main.__doc__ or "").split("\n\n", 1)[1],
@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"error: {error}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    text = markdown(frame.pipeline.iloc[0], grid, shlex.join(["horst-sweep-table", *argv]))
+    text = markdown(frame.pipeline.iloc[0], grid, shlex.join(["horst-sparse", "sweep-table", *argv]))
     notes = found.left_out + repeats
     if notes:
         text += f"\n## Run folders not scored, counted once or scored as diverged ({len(notes)})\n\n"

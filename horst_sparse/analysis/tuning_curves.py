@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -274,12 +275,84 @@ def _rule(ids: np.ndarray, search: np.ndarray, mean: np.ndarray, top_k: int) -> 
     return candidates[np.arange(len(ids)), best]
 
 
-def pick(rows: pd.DataFrame, *, maximize: bool, top_k: int) -> int:
+class NoStablePick(ValueError):
+    """Every trial a guarded pick could take is unstable (`Stability`)."""
+
+
+def pick(rows: pd.DataFrame, *, maximize: bool, top_k: int, stability: Stability | None = None) -> int:
     """The picked trial of one arm's rows (search and rerun): among the top_k trials by their
     search score, the best mean over its seeds; the earlier trial on a tie. A failed score (not
-    finite) is the worst. With no reruns (top_k 0 or an older record), the best search score."""
-    ids, search, seeds, counts = _seeds(rows, maximize=maximize)
-    return int(_rule(ids[None], search[None], (seeds.sum(axis=1) / counts)[None], top_k)[0])
+    finite) is the worst. With no reruns (top_k 0 or an older record), the best search score.
+
+    With a `stability` guard the candidates are the top_k stable trials of the search stage
+    (`stable_top`), and a candidate that turned unstable in its reruns (a seed failed there, or
+    next to it) is out: NoStablePick, naming each candidate's reason, where none is left."""
+    if stability is None:
+        ids, search, seeds, counts = _seeds(rows, maximize=maximize)
+        return int(_rule(ids[None], search[None], (seeds.sum(axis=1) / counts)[None], top_k)[0])
+    candidates = stable_top(rows, maximize=maximize, top_k=top_k, stability=stability)
+    unstable = stability.unstable(rows)
+    kept = [t for t in candidates if t not in unstable]
+    if not kept:
+        reasons = "; ".join(f"trial {t}: {unstable[t]}" for t in candidates if t in unstable)
+        raise NoStablePick(f"no stable trial among the top {top_k} of {rows.arm.iloc[0]}: {reasons or 'none ran'}")
+    part = rows[rows.trial.isin(kept)]
+    ids, search, seeds, counts = _seeds(part, maximize=maximize)
+    return int(_rule(ids[None], search[None], (seeds.sum(axis=1) / counts)[None], len(kept))[0])
+
+
+@dataclass(frozen=True)
+class Stability:
+    """A pick rule's guard against a stability cliff: a trial is unstable where one of its seeds
+    failed, or where a trial within `radius` of it failed at any seed. Distance is L-infinity in the
+    unit cube of the searched keys (`space`: key -> (low, high, log): a log key on the log scale),
+    the cube the quasi-random points fill, so a radius means the same share of every key's range."""
+
+    space: dict[str, tuple[float, float, bool]]
+    radius: float
+
+    def unit(self, rows: pd.DataFrame) -> np.ndarray:
+        """The rows' points in the unit cube (a row per row, a column per key of the space)."""
+        columns = []
+        for key, (low, high, log) in self.space.items():
+            if key not in rows:
+                raise ValueError(f"the tuning record has no column {key}, a key of the search space")
+            values = rows[key].to_numpy(dtype=float)
+            if log:
+                values, low, high = np.log(values), math.log(low), math.log(high)
+            columns.append((values - low) / (high - low))
+        return np.stack(columns, axis=1)
+
+    def unstable(self, rows: pd.DataFrame) -> dict[int, str]:
+        """One arm's unstable trials, each with why in words (which trial failed, at what distance)."""
+        failed = rows[~np.isfinite(rows.score.to_numpy(dtype=float))]
+        search = rows[stages(rows) == SEARCH].drop_duplicates("trial")
+        points = dict(zip(search.trial.astype(int), self.unit(search)))
+        why = {}
+        for trial, point in points.items():
+            if trial in set(failed.trial):
+                why[trial] = f"trial {trial} failed at seed {int(failed[failed.trial == trial].seed.iloc[0])}"
+                continue
+            near = [
+                (float(np.abs(points[other] - point).max()), int(other))
+                for other in sorted(set(failed.trial.astype(int)))
+                if np.abs(points[other] - point).max() <= self.radius
+            ]
+            if near:
+                distance, other = min(near)
+                why[trial] = f"trial {other}, {distance:.3f} from it (radius {self.radius:g}), failed"
+        return why
+
+
+def stable_top(rows: pd.DataFrame, *, maximize: bool, top_k: int, stability: Stability) -> list[int]:
+    """The trials to rerun under a stability guard: the top k by search score among the search
+    stage's stable trials (a trial next to a failed one is never rerun, so the budget of reruns
+    goes to trials that can be picked)."""
+    search = rows[stages(rows) == SEARCH]
+    unstable = stability.unstable(search)
+    kept = search[~search.trial.isin(unstable)]
+    order = np.argsort(-_goodness(kept.score, maximize=maximize), kind="stable")
+    return [int(t) for t in kept.trial.to_numpy()[order][: max(top_k, 1)]]
 
 
 def _bootstrap(
@@ -495,10 +568,10 @@ def as_run(trials: pd.DataFrame, version: int, inherited_from: int) -> tuple[pd.
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`horst-tuning-curves`: the tuning curves of a tuning record, and how stable its picks are.
+    """`horst-sparse tuning-curves`: the tuning curves of a tuning record, and how stable its picks are.
 
-        horst-tuning-curves results/tuning/vit/mnist1d/tuning.csv --maximize --support 0 1
-        horst-tuning-curves results/tuning/gpt2/pydoc/tuning.csv --support 1 inf --log
+        horst-sparse tuning-curves results/tuning/vit/mnist1d/tuning.csv --maximize --support 0 1
+        horst-sparse tuning-curves results/tuning/gpt2/pydoc/tuning.csv --support 1 inf --log
 
     Writes, beside the record (or into --out), per protocol version of the record:
     tuning_curves_v<version>.md, .csv and .png (a record without a protocol column:
@@ -511,7 +584,7 @@ def main(argv: list[str] | None = None) -> None:
     import sys
 
     parser = argparse.ArgumentParser(
-        prog="horst-tuning-curves",
+        prog="horst-sparse tuning-curves",
         description=(main.__doc__ or "").split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=(main.__doc__ or "").split("\n\n", 1)[1],
@@ -534,11 +607,11 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"error: --inherit {spec}: give V=U, two protocol versions, e.g. --inherit 6=4")
         inherits.append((int(version), int(source)))
     if not args.record.is_file():
-        sys.exit(f"error: no tuning record {args.record}: give a tuning.csv that horst-tune wrote")
+        sys.exit(f"error: no tuning record {args.record}: give a tuning.csv that horst-sparse tune wrote")
     trials = pd.read_csv(args.record)
     out = args.out or args.record.parent
     out.mkdir(parents=True, exist_ok=True)
-    command = " ".join(["horst-tuning-curves", *(argv if argv is not None else sys.argv[1:])])
+    command = " ".join(["horst-sparse tuning-curves", *(argv if argv is not None else sys.argv[1:])])
     written_by = f"Written by `{command}` from the record"
     texts, sections, stability = [], [], []
     for version, part in by_protocol(trials):

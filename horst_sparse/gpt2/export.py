@@ -6,7 +6,7 @@ tokenizer files, loadable offline with `GPT2LMHeadModel.from_pretrained(out)` an
 as the pipeline's one-shot evaluation prunes (`horst_sparse.gpt2.evaluate.prune_copy`); weights
 in float32, pruned entries exact zeros. `export_gpt2` is also the end-of-run switch of the
 pipeline (`export.enabled`); `export_run` rebuilds the model of a run folder
-(`horst-export --to hf`).
+(`horst-sparse export --to hf`).
 """
 
 from __future__ import annotations

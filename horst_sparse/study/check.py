@@ -95,13 +95,8 @@ def machine_text(row: Any) -> str:
         return "a machine not recorded"
     capability = "" if pd.isna(getattr(row, "cpu_capability", None)) else f", {row.cpu_capability}"
     gpu = "" if pd.isna(getattr(row, "gpu", None)) else f", GPU {row.gpu}"
-    reproducible = getattr(row, "reproducible_cpu", None)
-    mode = (
-        ""
-        if reproducible is None or pd.isna(reproducible)
-        else ", reproducible mode"
-        if str(reproducible) == "True"
-        else ", native mode"
+    mode = {"True": ", reproducible mode", "False": ", native mode"}.get(
+        str(getattr(row, "reproducible_cpu", None)), ""
     )
     return f"host {row.host} ({row.cpu}{capability}{gpu}), {row.cpu_threads:.0f} torch thread(s) a run{mode}"
 
@@ -128,7 +123,8 @@ def check_results(study: str, *, extra: Sequence[str] = (), pipelines: Sequence[
     """Per pipeline, CHECKED_ARM's cell at the preset's last sparsity, rerun into a scratch folder and
     judged by the kind of check its record allows (module docstring); 0 where the record reproduces
     in that sense, 1 where it does not or there is nothing to compare."""
-    from horst_sparse.study.run import _preset, presets_of, run_multiruns, study_jobs
+    from horst_sparse.study.jobs import preset_config, presets_of, study_jobs
+    from horst_sparse.study.run import run_multiruns
 
     record = final_numbers(read_record([REPO / "results" / study / "runs.csv"]))  # curve points are not compared
     jobs = [j for j in study_jobs(presets_of(study, pipelines), extra) if j.config.get("arm") == CHECKED_ARM]
@@ -158,13 +154,12 @@ def check_results(study: str, *, extra: Sequence[str] = (), pipelines: Sequence[
                 f"hydra.sweep.dir={scratch}",
                 "hydra.sweep.subdir=seed${seed}",
             ]
-            side_by_side = (_preset(cell[0].preset).get("hydra", {}).get("launcher") or {}).get("n_jobs")
+            side_by_side = (preset_config(cell[0].preset).get("hydra", {}).get("launcher") or {}).get("n_jobs")
             if side_by_side and not any(o.startswith("hydra/launcher=") for o in extra):
                 line.append(f"hydra.launcher.n_jobs={len(rerun_seeds)}")  # the reruns all at once: one round
             run_multiruns([(cell[0].preset, line)], extra)
             reruns = final_numbers(scan([scratch]).frame)
-        unfinished = sorted(set(rerun_seeds) - set(reruns.seed[reruns.status.isin(["done", "diverged"])]))
-        if unfinished:
+        if unfinished := sorted(set(rerun_seeds) - set(reruns.seed[reruns.status.isin(["done", "diverged"])])):
             print(f"the rerun of seed(s) {unfinished} did not finish (neither done nor diverged): no verdict")
             worst = 1
             continue

@@ -137,28 +137,18 @@ def load(path: Path, root: Path = REPO) -> Protocol:
     path, root = Path(path).resolve(), Path(root).resolve()
     name = str(path.relative_to(root))
     spec = _spec(name, _reader(root, None))
-    missing = [k for k in ("study", "version", "status", "why", "claims") if k not in spec]
-    if missing:
+    if missing := [k for k in ("study", "version", "status", "why", "claims") if k not in spec]:
         raise ProtocolError(f"{path} lacks {', '.join(missing)}")
     if spec["status"] not in STATUSES:
         raise ProtocolError(f"{path}: status {spec['status']!r} is not one of {', '.join(STATUSES)}")
     if path.stem != f"v{spec['version']}":
         raise ProtocolError(f"{path} says version {spec['version']}: name it v{spec['version']}.yaml")
     log = subprocess.run(["git", "log", "--diff-filter=A", "--format=%H", "--", name], cwd=root, capture_output=True)
-    protocol = Protocol(
-        spec["study"],
-        int(spec["version"]),
-        spec["status"],
-        " ".join(str(spec["why"]).split()),
-        path,
-        spec,
-        (log.stdout.decode().split() or [None])[-1],
-        root,
-    )
-    absent = sorted(f for f in protocol.files if not (root / f).is_file())
-    if absent:
+    if absent := sorted(f for f in _named(spec) if not (root / f).is_file()):
         raise ProtocolError(f"{name} names {absent[0]}, which does not exist: restore it or name another file")
-    return protocol
+    registration = (log.stdout.decode().split() or [None])[-1]
+    why = " ".join(str(spec["why"]).split())
+    return Protocol(spec["study"], int(spec["version"]), spec["status"], why, path, spec, registration, root)
 
 
 def versions(study: str, root: Path = REPO) -> list[Protocol]:

@@ -1,25 +1,13 @@
-"""Tuning an arm (an optimizer, or an arm with values of its own, under one recipe) with a fixed
-budget, on the validation split.
-
-`tune()` is what `scripts/tune.py` runs: quasi-random search over the arm's search space
-(`configs/hparams_search/<pipeline>_<optimizer>.yaml`) through Hydra's multirun with
-hydra-optuna-sweeper, so any Hydra launcher (local, submitit/SLURM) runs the trials. Every
-trial trains at a tuning seed (100 and up; reporting seeds are below) and is scored on
-`eval_split=validation`; the test split is never read. The pick goes where the pipelines read
-their tuned values, the arm's file `configs/tuned/<pipeline>/<recipe>/<optimizer>.yaml`,
-with its provenance (commit, space, sampler, trials, seeds, scores); every trial is a row of
-`results/tuning/<pipeline>/<recipe>/tuning.csv`.
-
-`check_equal_budgets()` is the study's guard that the arms of one comparison were tuned
-alike: same trial count, same tuning seeds, none of them a reporting seed, all on validation.
-"""
+"""Tuning one arm (an optimizer, or an arm with values of its own, under one recipe) with a fixed
+budget on the validation split: quasi-random search over `configs/hparams_search/<pipeline>_<arm>.yaml`
+through Hydra's multirun (hydra-optuna-sweeper, any launcher), the best trials rerun at more tuning
+seeds, and the pick written where the runs read it, `configs/tuned/<pipeline>/<recipe>/<arm>.yaml`,
+with its provenance; every trial is a row of `results/tuning/<pipeline>/<recipe>/tuning.csv`."""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import datetime
-import itertools
 import math
 import shutil
 import subprocess
@@ -32,9 +20,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-with (
-    warnings.catch_warnings()
-):  # optuna 2.10 (hydra-optuna-sweeper's pin) names SQLAlchemy's pre-2.0 API; unused in memory
+with warnings.catch_warnings():  # optuna 2.10 (hydra-optuna-sweeper's pin) names SQLAlchemy's pre-2.0 API
     warnings.simplefilter("ignore", DeprecationWarning)
     import optuna
 from omegaconf import OmegaConf
@@ -45,112 +31,28 @@ from horst_sparse.paths import REPO as ROOT
 from horst_sparse.paths import RESULTS as RESULTS_ROOT
 from horst_sparse.pipeline import Pipeline, TuningScore, UnknownPipeline
 from horst_sparse.pipeline import get as get_pipeline
-from horst_sparse.pipeline import of as pipeline_of
+from horst_sparse.study.trial import (
+    EVAL_SPLIT,
+    TUNING_SEEDS_START,
+    TuningError,
+    cell_folder,
+    cells,
+    swept,
+    trial,
+    trial_score,
+    validation_score,
+)
 from horst_sparse.training.config import RunError
 from horst_sparse.training.run_log import FAILED_FILE, SUMMARY_FILE, git_commit
 
 RESULTS = RESULTS_ROOT / "tuning"
-TUNING_SEEDS_START = 100  # tuning seeds are 100, 101, ...; a study reports on seeds below (0-9)
 DEFAULT_TRIALS = 16
 # the pick noise of one seed: the best trials rerun at more tuning seeds, the pick the best mean (Choi et al. 2019
 # pick on one seed; with seed noise the size of the arms' differences a pick on one seed is partly luck)
 DEFAULT_TOP_K, DEFAULT_RERUN_SEEDS = 3, 2
-EVAL_SPLIT = "validation"
 # --out DIR writes the pick as DIR/pick/<arm>.yaml, a config group option of a search path DIR: a run loads it with
 # `--config-dir DIR +pick=<arm>` (merged at tuned.<arm>, after the recipe's values)
 PICK_GROUP = "pick"
-
-
-class TuningError(RunError):
-    """A tuning that cannot start or whose result cannot be used; one line, with the fix."""
-
-
-class BudgetError(TuningError):
-    """The arms of one comparison were not tuned alike."""
-
-
-# ---- the score a trial returns to the sweeper -------------------------------------------------
-
-
-def validation_score(pipeline: Pipeline, summary: Mapping[str, Any]) -> float:
-    """The trial's score from its run summary (the pipeline's `tuning.score`); a failed run (no
-    summary) and a non-finite score count as the worst."""
-    metric = pipeline.tuning
-    if not summary or summary.get("status") == "failed":
-        return metric.worst()
-    if summary.get("eval_split") != EVAL_SPLIT:
-        raise TuningError(
-            f"a tuning trial was scored on eval_split={summary.get('eval_split')}; tuning reads validation only"
-        )
-    try:
-        score = metric.score(summary)
-    except RunError as error:
-        raise TuningError(str(error)) from None
-    return score if score is not None and math.isfinite(score) else metric.worst()
-
-
-def cells(tune_over: Any) -> list[dict[str, Any]]:
-    """The runs of one trial: one per combination of `tune_over`'s values (a nested mapping of
-    lists, e.g. {acdc: {sparsity: [0.7, 0.8, 0.9]}}), as {dotted key: value}; [{}] without."""
-    if OmegaConf.is_config(tune_over):
-        tune_over = OmegaConf.to_container(tune_over, resolve=True)
-    if not tune_over:
-        return [{}]
-
-    def flat(node: Mapping[str, Any], prefix: str = "") -> dict[str, list]:
-        out = {}
-        for key, value in node.items():
-            if isinstance(value, Mapping):
-                out |= flat(value, f"{prefix}{key}.")
-            else:
-                out[f"{prefix}{key}"] = list(value) if isinstance(value, (list, tuple)) else [value]
-        return out
-
-    keys = flat(tune_over)
-    return [dict(zip(keys, values)) for values in itertools.product(*keys.values())]
-
-
-def cell_folder(cell: Mapping[str, Any]) -> str:
-    """A cell's run folder inside its trial's: `acdc.sparsity=0.7` ('' for a trial of one run)."""
-    return ",".join(f"{key}={value}" for key, value in cell.items())
-
-
-def trial_score(metric: TuningScore, scores: Iterable[float]) -> float:
-    """A trial's score: the mean of its cells' (the claims' endpoints, e.g. every reported
-    sparsity); the worst where one of them is."""
-    scores = list(scores)
-    if any(score == metric.worst() for score in scores):
-        return metric.worst()
-    return float(np.mean(scores))
-
-
-def trial(cfg) -> float:
-    """A pipeline's run, or one run per cell of `tune_over`, as a trial: the sweeper gets its
-    score. Module-level, so that submitit pickles it by reference."""
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import read_write
-
-    from horst_sparse.training.runner import hydra_task
-
-    pipeline = pipeline_of(cfg)
-    runs = cells(cfg.get("tune_over"))
-    if runs == [{}]:
-        return validation_score(pipeline, hydra_task(pipeline.run, cfg))
-    hydra_cfg = HydraConfig.get()
-    folder = hydra_cfg.runtime.output_dir
-    scores = []
-    try:
-        for cell in runs:  # one after another: the launcher runs trials side by side
-            run_cfg = copy.deepcopy(cfg)
-            for key, value in cell.items():
-                OmegaConf.update(run_cfg, key, value, merge=False)
-            with read_write(hydra_cfg):
-                hydra_cfg.runtime.output_dir = str(Path(folder) / cell_folder(cell))
-            scores.append(validation_score(pipeline, hydra_task(pipeline.run, run_cfg)))
-    finally:
-        with read_write(hydra_cfg):
-            hydra_cfg.runtime.output_dir = folder
-    return trial_score(pipeline.tuning, scores)
 
 
 # ---- quasi-random search ---------------------------------------------------------------------
@@ -300,9 +202,12 @@ def prepare(
     """Compose the tuning's config and check that its pick can reach a run: every searched key
     reads the arm's tuned file, the seed is a tuning seed, the split is validation, and no
     override changes the recipe's training (unless the pick goes `elsewhere` than the recipe's
-    tuned file). An arm is an optimizer (the runs that select it read its values) or an arm of
-    configs/arm/ with values of its own (`tuned_as: <arm>`, e.g. horst_prunable). With `keys`,
-    only those keys of the space are searched; the others keep the run's values."""
+    tuned file). An arm is an optimizer or an arm of configs/arm/ with values of its own (`tuned_as`,
+    e.g. horst_prunable). With `keys`, only those keys of the space are searched."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from horst_sparse.training.presets import misspelt_key, unknown_option
+
     try:
         registered = get_pipeline(pipeline)
     except UnknownPipeline as error:
@@ -313,11 +218,7 @@ def prepare(
         raise TuningError(f"no search space for {arm} on {pipeline} ({search} is missing); tunable: {', '.join(known)}")
     if trials < 1:
         raise TuningError(f"--trials {trials}: a tuning needs at least one trial")
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     registered.configs.register()
-    from horst_sparse.training.presets import misspelt_key, unknown_option
-
     if problem := misspelt_key(pipeline, list(overrides)) or unknown_option(list(overrides)):
         raise TuningError(problem)
     arguments = [f"+hparams_search={pipeline}_{arm}", *overrides]
@@ -366,10 +267,7 @@ def prepare(
         leaf = key.rsplit(".", 1)[-1]
         wire = OmegaConf.to_container(OmegaConf.select(cfg, key.rsplit(".", 1)[0]), resolve=False).get(leaf)
         # the optimizer's YAML and the recipe read the entry of the run's `tuned_as` (docs/design.md §7)
-        reads = {f"${{tuned.{arm}.{leaf}}}", f"${{tuned.${{tuned_as}}.{leaf}}}"}
-        if cfg.optimizer.name == arm:  # a recipe written before `tuned_as` reads the optimizer's entry
-            reads.add(f"${{tuned.${{optimizer.name}}.{leaf}}}")
-        if leaf not in tuned or wire not in reads:
+        if leaf not in tuned or wire not in {f"${{tuned.{arm}.{leaf}}}", f"${{tuned.${{tuned_as}}.{leaf}}}"}:
             others = [k for k in space if k != key]
             hint = f"; leave it out with --keys {','.join(others)}" if others else ""
             raise TuningError(
@@ -387,21 +285,10 @@ def prepare(
         f"hydra.sweep.dir={sweep_dir}",
         subdir,
     ]
-    return Tuning(
-        pipeline,
-        arm,
-        recipe,
-        config_dir / "tuned" / pipeline / recipe / f"{arm_choice}.yaml",
-        space,
-        int(cfg.seed),
-        trials,
-        arguments,
-        list(overrides),
-        selection(search),
-        tune_over,
-        subdir,
-        [key for key in whole if key not in space],
-    )
+    arm_file = config_dir / "tuned" / pipeline / recipe / f"{arm_choice}.yaml"
+    left_out = [key for key in whole if key not in space]
+    return Tuning(pipeline, arm, recipe, arm_file, space, int(cfg.seed), trials, arguments, list(overrides),
+                  selection(search), tune_over, subdir, left_out)  # fmt: skip
 
 
 def restrict(space: Mapping[str, str], keys: list[str], name: str, searched: Mapping[str, str]) -> dict[str, str]:
@@ -410,8 +297,7 @@ def restrict(space: Mapping[str, str], keys: list[str], name: str, searched: Map
     if unknown or not keys:
         named = f"{','.join(unknown)} is not a key of the search space" if keys else "names no key"
         raise TuningError(f"--keys {named}; {name} searches {', '.join(space)}")
-    dropped = [key for key in searched if key not in keys]
-    if dropped:
+    if dropped := [key for key in searched if key not in keys]:
         raise TuningError(
             f"{dropped[0]}={searched[dropped[0]]} sweeps a key --keys leaves out: add {dropped[0]} to --keys "
             "or drop the sweep"
@@ -423,12 +309,8 @@ def trial_subdir(template: str, tune_over: Any) -> str:
     """The `hydra.sweep.subdir=...` override that names a trial folder by what it holds: the pipeline's
     subdir with each key the trial runs over (`tune_over`) at all its values, `..._s0.7,0.8,0.9_seed100_...`
     for a ViT trial with a run at each of those sparsities (one value: the pipeline's name as it is)."""
-    values: dict[str, list] = {}
-    for cell in cells(tune_over):
-        for key, value in cell.items():
-            values.setdefault(key, []).append(value)
-    for key, held in values.items():
-        template = template.replace("${" + key + "}", ",".join(str(v) for v in dict.fromkeys(held)))
+    for key, values in swept(tune_over).items():
+        template = template.replace("${" + key + "}", ",".join(str(v) for v in dict.fromkeys(values)))
     return f"hydra.sweep.subdir='{template}'"  # quoted: the commas are not a sweep; interpolations resolve
 
 
@@ -466,26 +348,29 @@ def selection(search: Path) -> list[str]:
     return chosen
 
 
-def run_trials(plan: Tuning, config_dir: Path = CONFIGS) -> Path:
-    """The multirun, through Hydra's own command line (sweeper and launcher as configured)."""
+def _multirun(plan: Tuning, arguments: list[str], sweep_dir: Path, config_dir: Path) -> None:
+    """`<entry point> -m <arguments>` of the trials, through Hydra's own command line (sweeper and launcher
+    as configured). A failed trial (a diverged lr) is a result, which scores worst: the runner's non-zero
+    exit after a multirun with failed cells is left to the trials' folders."""
     import hydra
 
     registered = get_pipeline(plan.pipeline)
     registered.configs.register()
     main = hydra.main(config_path=str(config_dir), config_name=registered.config_name, version_base=VERSION_BASE)(trial)
-    sweep_dir = Path(next(a.split("=", 1)[1] for a in plan.arguments if a.startswith("hydra.sweep.dir=")))
-    argv = sys.argv
-    sys.argv = [registered.script, "-m", *plan.arguments]
+    argv, sys.argv = sys.argv, [registered.script, "-m", *arguments]
     try:
         main()
     except SystemExit as exit:
-        # the runner ends a multirun with failed cells by exiting non-zero, after listing them;
-        # in a tuning a failed trial (a diverged lr) is a result: collect() scores it worst
-        if not any(sweep_dir.glob(f"*/{FAILED_FILE}")):
+        if not any(sweep_dir.glob(f"**/{FAILED_FILE}")):
             raise
         print(f"{exit.code}: they score worst in this tuning", file=sys.stderr)
     finally:
         sys.argv = argv
+
+
+def run_trials(plan: Tuning, config_dir: Path = CONFIGS) -> Path:
+    sweep_dir = Path(next(a.split("=", 1)[1] for a in plan.arguments if a.startswith("hydra.sweep.dir=")))
+    _multirun(plan, plan.arguments, sweep_dir, config_dir)
     return sweep_dir
 
 
@@ -495,14 +380,9 @@ def folder_score(plan: Tuning, folder: Path, config: Mapping[str, Any]) -> tuple
     import json
 
     pipeline = get_pipeline(plan.pipeline)
-    scores, failed = [], False
-    for cell in cells(config.get("tune_over")):
-        summary_file = folder / cell_folder(cell) / SUMMARY_FILE
-        failed |= not summary_file.is_file()
-        scores.append(
-            validation_score(pipeline, json.loads(summary_file.read_text()) if summary_file.is_file() else {})
-        )
-    return trial_score(pipeline.tuning, scores), "failed" if failed else "finished"
+    summaries = [folder / cell_folder(cell) / SUMMARY_FILE for cell in cells(config.get("tune_over"))]
+    scores = [validation_score(pipeline, json.loads(s.read_text()) if s.is_file() else {}) for s in summaries]
+    return trial_score(pipeline.tuning, scores), "finished" if all(s.is_file() for s in summaries) else "failed"
 
 
 def collect(plan: Tuning, sweep_dir: Path, *, stage: str = "search", trial: int | None = None) -> list[dict[str, Any]]:
@@ -516,17 +396,12 @@ def collect(plan: Tuning, sweep_dir: Path, *, stage: str = "search", trial: int 
         overrides = dict(o.split("=", 1) for o in yaml.safe_load((folder / ".hydra" / "overrides.yaml").read_text()))
         config = yaml.safe_load((folder / ".hydra" / "config.yaml").read_text())
         score, status = folder_score(plan, folder, config)
-        row = {
-            "pipeline": plan.pipeline,
-            "recipe": plan.recipe,
-            "arm": plan.arm,
-            "trial": int(folder.name.split("_", 1)[0]) if trial is None else trial,
-            "stage": stage,
-            "seed": int(config["seed"]),
-        }
-        row.update({key: yaml.safe_load(overrides[key]) for key in plan.space})
-        row.update(eval_split=config.get("eval_split"), metric=plan.objective, score=score, status=status)
-        rows.append(row)
+        rows.append({
+            "pipeline": plan.pipeline, "recipe": plan.recipe, "arm": plan.arm,
+            "trial": int(folder.name.split("_", 1)[0]) if trial is None else trial, "stage": stage,
+            "seed": int(config["seed"]), **{key: yaml.safe_load(overrides[key]) for key in plan.space},
+            "eval_split": config.get("eval_split"), "metric": plan.objective, "score": score, "status": status,
+        })  # fmt: skip
     if stage == "search" and len(rows) != plan.trials:
         raise TuningError(f"{sweep_dir} has {len(rows)} finished trial folders, not the {plan.trials} planned")
     return rows
@@ -541,63 +416,32 @@ def _override_value(value: Any) -> str:
     return str(value)
 
 
-def rerun_seeds(plan: Tuning, count: int) -> list[int]:
-    """The tuning seeds of the reruns: the ones after the search's."""
-    return [plan.seed + 1 + i for i in range(count)]
-
-
-def top(rows: list[dict[str, Any]], metric: TuningScore, k: int) -> list[dict[str, Any]]:
-    """The k best search trials (the earlier of a tie first)."""
-    sign = 1 if metric.direction == "maximize" else -1
-    return sorted(rows, key=lambda r: (-sign * r["score"], r["trial"]))[:k]
-
-
 def run_reruns(
     plan: Tuning, rows: list[dict[str, Any]], *, top_k: int, seeds: int, sweep_dir: Path, config_dir: Path = CONFIGS
 ) -> list[dict[str, Any]]:
-    """Rerun the `top_k` best search trials at `seeds` more tuning seeds (the pick noise of one
-    seed: the pick is the best mean over seeds), one Hydra multirun per trial through the same
-    launcher, each trial's values as the search sampled them; one row per rerun."""
-    import hydra
-
+    """Rerun the `top_k` best search trials (the earlier of a tie first) at `seeds` more tuning seeds, the
+    ones after the search's, each at the values the search sampled; one row per rerun."""
     if top_k < 1 or seeds < 1:
         return []
-    registered = get_pipeline(plan.pipeline)
-    main = hydra.main(config_path=str(config_dir), config_name=registered.config_name, version_base=VERSION_BASE)(trial)
+    sign = 1 if plan.metric.direction == "maximize" else -1
+    best = sorted((r for r in rows if r["stage"] == "search"), key=lambda r: (-sign * r["score"], r["trial"]))[:top_k]
     found = []
-    for row in top([r for r in rows if r["stage"] == "search"], plan.metric, top_k):
+    for row in best:
         folder = next(p for p in sweep_dir.iterdir() if p.name.split("_", 1)[0] == str(row["trial"]))
-        sampled = [
-            o
-            for o in yaml.safe_load((folder / ".hydra" / "overrides.yaml").read_text())
-            if o.split("=", 1)[0] in plan.space
-        ]
+        overrides = yaml.safe_load((folder / ".hydra" / "overrides.yaml").read_text())
         rerun_dir = sweep_dir / "rerun" / f"trial{row['trial']}"
-        argv = [
-            registered.script,
-            "-m",
+        arguments = [
             *plan.selection,
-            *(
-                o
-                for o in plan.overrides
-                if not o.startswith(("hydra.sweeper.", "hydra/sweeper")) and o.split("=", 1)[0] not in plan.space
-            ),
-            *sampled,
-            f"seed={','.join(map(str, rerun_seeds(plan, seeds)))}",
+            *(o for o in plan.overrides
+              if not o.startswith(("hydra.sweeper.", "hydra/sweeper")) and o.split("=", 1)[0] not in plan.space),
+            *(o for o in overrides if o.split("=", 1)[0] in plan.space),
+            f"seed={','.join(str(plan.seed + 1 + i) for i in range(seeds))}",
             f"eval_split={EVAL_SPLIT}",
             *([f"tune_over={_override_value(plan.tune_over)}"] if plan.tune_over else []),
             f"hydra.sweep.dir={rerun_dir}",
             *([plan.subdir] if plan.subdir else []),
-        ]
-        saved = sys.argv
-        sys.argv = argv
-        try:
-            main()
-        except SystemExit:
-            if not any(rerun_dir.glob(f"**/{FAILED_FILE}")):
-                raise
-        finally:
-            sys.argv = saved
+        ]  # fmt: skip
+        _multirun(plan, arguments, rerun_dir, config_dir)
         found += collect(plan, rerun_dir, stage="rerun", trial=row["trial"])
     return found
 
@@ -761,15 +605,9 @@ def tune(
     searches those keys of the space alone."""
     elsewhere = dry_run or out is not None or Path(config_dir).resolve() != CONFIGS.resolve()
     tuning = prepare(
-        pipeline,
-        arm,
-        trials=trials,
-        overrides=overrides,
-        config_dir=config_dir,
-        sweep_dir=sweep_dir,
-        elsewhere=elsewhere,
-        keys=keys,
-    )
+        pipeline, arm, trials=trials, overrides=overrides, config_dir=config_dir, sweep_dir=sweep_dir,
+        elsewhere=elsewhere, keys=keys,
+    )  # fmt: skip
     if out is not None:
         copy = Path(out) / PICK_GROUP / f"{arm}.yaml"  # the recipe's file with the pick in it: its other keys kept
         copy.parent.mkdir(parents=True, exist_ok=True)
@@ -785,105 +623,15 @@ def tune(
     )  # fmt: skip
 
 
-# ---- the study's guard -----------------------------------------------------------------------
-
-
-def check_equal_budgets(
-    tuned: Mapping[str, Any], arms: Iterable[str], reporting_seeds: Iterable[int], declared_edges: Iterable[str] = ()
-) -> None:
-    """Refuse a comparison whose tuned `arms` were not tuned alike, one line naming the arm:
-    each must have been tuned by horst-tune (`tuned.<arm>.provenance`), on the validation
-    split, with the same number of trials and the same tuning seeds, none of them a reporting
-    seed, over nested search spaces (the keys every arm searches over the same ranges, one arm
-    searching those alone: the others add only their own), none leaving out (--keys) a key another
-    searched, with no pick at the edge of its range unless `declared_edges` names it
-    (`edge_declared`). `tuned` is a run's composed `tuned` node (or its container)."""
-    if OmegaConf.is_config(tuned):
-        tuned = OmegaConf.to_container(tuned, resolve=True)
-    reporting = set(reporting_seeds)
-    records = {}
-    for arm in arms:
-        record = (tuned.get(arm) or {}).get("provenance")
-        if not record:
-            raise BudgetError(
-                f"arm {arm} was not tuned by scripts/tune.py (tuned.{arm}.provenance is empty): "
-                f"run horst-tune <pipeline> {arm}"
-            )
-        if record["eval_split"] != EVAL_SPLIT:
-            raise BudgetError(f"arm {arm} was tuned on eval_split={record['eval_split']}; retune it on validation")
-        overlap = sorted(reporting & set(record["seeds"]))
-        if overlap:
-            raise BudgetError(
-                f"arm {arm} was tuned on reporting seeds {overlap}; tune on seeds from {TUNING_SEEDS_START} up"
-            )
-        records[arm] = record
-    if len({r["trials"] for r in records.values()}) > 1:
-        counts = ", ".join(f"{arm} {r['trials']}" for arm, r in records.items())
-        raise BudgetError(f"unequal tuning budgets (trials: {counts}); retune with the same --trials")
-    if len({tuple(r["seeds"]) for r in records.values()}) > 1:
-        seeds = ", ".join(f"{arm} {r['seeds']}" for arm, r in records.items())
-        raise BudgetError(f"arms tuned on different seeds ({seeds}); retune with the same seed")
-    reruns = {arm: (r.get("top_k", 0), tuple(r.get("rerun_seeds") or ())) for arm, r in records.items()}
-    if len(set(reruns.values())) > 1:
-        shown = ", ".join(f"{arm} top {k} at seeds {list(s)}" for arm, (k, s) in reruns.items())
-        raise BudgetError(
-            f"unequal reruns of the best trials ({shown}); retune with the same --top-k and --rerun-seeds"
-        )
-    if len({yaml.safe_dump(r.get("tune_over")) for r in records.values()}) > 1:
-        shown = "; ".join(f"{arm} {r.get('tune_over')}" for arm, r in records.items())
-        raise BudgetError(f"the arms were scored on different cells (tune_over: {shown}); retune over one shared space")
-    check_nested_spaces({arm: r["space"] for arm, r in records.items()})
-    for arm, record in records.items():  # --keys: a key one arm's tuning left at the run's value, another searched
-        for other, theirs in records.items():
-            both = [key for key in record.get("left_out") or () if key in theirs["space"]]
-            if both:
-                raise BudgetError(
-                    f"arm {arm} was tuned without searching {', '.join(both)} (--keys), which {other} searched; "
-                    "retune them over the same keys"
-                )
-    for arm, record in records.items():
-        undeclared = [e for e in record.get("edges", []) if not edge_declared(arm, e, declared_edges)]
-        if undeclared:
-            raise BudgetError(
-                f"arm {arm}'s pick has {', '.join(undeclared)} of its range: widen the range in "
-                "configs/hparams_search/ and retune, or declare the edge in the study's protocol"
-            )
-
-
-def edge_declared(arm: str, edge: str, declared: Iterable[str]) -> bool:
-    """Whether a protocol declares the arm's edge pick (`edge`: "optimizer.alpha at the lower
-    edge"): as "<arm> <key> at the lower edge" (that side only: the side where the arm turns into
-    another, as HAM and HORST into AdamW at the lower corner of alpha) or "<arm> <key>" (either)."""
-    key = edge.split(" at the ")[0]
-    return bool({f"{arm} {edge}", f"{arm} {key}"} & set(declared))
-
-
-def check_nested_spaces(spaces: Mapping[str, Mapping[str, str]]) -> None:
-    """The arms searched nested spaces: the keys they share over the same ranges, and one arm
-    (AdamW's) searching those alone, so that every other arm adds only its own keys."""
-    shared = set.intersection(*(set(space) for space in spaces.values())) if spaces else set()
-    for key in sorted(shared):
-        ranges = {arm: space[key] for arm, space in spaces.items()}
-        if len(set(ranges.values())) > 1:
-            shown = "; ".join(f"{arm} {value}" for arm, value in ranges.items())
-            raise BudgetError(f"the arms searched {key} over different ranges ({shown}); retune over one shared space")
-    if len(spaces) > 1 and not any(set(space) == shared for space in spaces.values()):
-        shown = "; ".join(f"{arm}: {', '.join(space)}" for arm, space in spaces.items())
-        raise BudgetError(
-            f"the arms searched different shared hyperparameters ({shown}): each must search the pipeline's shared "
-            "space (configs/hparams_search/<pipeline>.yaml) and add only its own keys; retune"
-        )
-
-
 def main(argv: list[str] | None = None) -> None:
-    """`horst-tune` (scripts/tune.py): tune one arm (an optimizer under a recipe) with a fixed trial
-    budget on the validation split, and write the pick where the pipelines read it.
+    """`horst-sparse tune`: tune one arm (an optimizer under a recipe) with a fixed trial budget on the
+    validation split, and write the pick where the pipelines read it.
 
     examples, at smoke size (about a minute each on a CPU; from the repository root, as written):
 
-        horst-tune vit adamw --trials 3 --top-k 0 --keys train.base_lr --out outputs/picks/vit experiment=smoke_vit
+        horst-sparse tune vit adamw --trials 3 --top-k 0 --keys train.base_lr --out outputs/picks/vit experiment=smoke_vit
         python train_vit.py --config-dir outputs/picks/vit +pick=adamw optimizer=adamw experiment=smoke_vit
-        horst-tune gpt2 horst --trials 2 --top-k 1 --rerun-seeds 1 --keys optimizer.alpha,optimizer.beta --dry-run experiment=smoke_gpt2
+        horst-sparse tune gpt2 horst --trials 2 --top-k 1 --rerun-seeds 1 --keys optimizer.alpha,optimizer.beta --dry-run experiment=smoke_gpt2
 
     The first tunes AdamW's learning rate alone: the smoke preset sets the warm-up itself, so a
     warm-up pick would never reach its runs (without --keys the tuning refuses, naming the key). A
@@ -892,7 +640,7 @@ def main(argv: list[str] | None = None) -> None:
     line: a smoke run at that lr), and every trial to DIR/tuning.csv. The third runs 2 GPT-2
     trials over HORST's alpha and beta, reruns the better one at one more seed and prints the pick.
 
-    At full size: `horst-tune vit adamw` (16 trials under the embedded digits recipe, each a run
+    At full size: `horst-sparse tune vit adamw` (16 trials under the embedded digits recipe, each a run
     at 70, 80 and 90 % sparsity; the 3 best rerun at 2 more seeds); on a cluster add
     `hydra/launcher=slurm hydra.sweeper.n_jobs=16`; another recipe: `vit_recipe=deit_imagenet
     data.root=/path/to/imagenet`. The search space is
@@ -902,17 +650,12 @@ def main(argv: list[str] | None = None) -> None:
     results/tuning/<pipeline>/<recipe>/tuning.csv (docs/design.md §8). Give every arm of a
     comparison the same --trials. Refuses to start from a git tree with uncommitted changes (other
     arms' picks of the pipeline and results/ aside: a study tunes its arms one after another)."""
-    import argparse
 
+    from horst_sparse.cli import subcommand, typed
     from horst_sparse.pipeline import names
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(
-        prog="horst-tune",
-        description=(main.__doc__ or "").split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=(main.__doc__ or "").split("\n\n", 1)[1],
-    )
+    parser = subcommand("tune", main.__doc__)
     parser.add_argument("pipeline", choices=names())
     parser.add_argument("arm", help="an optimizer (adamw, ham, horst) or an arm with values of its own (horst_prunable): "
                         "one with a search space configs/hparams_search/<pipeline>_<arm>.yaml")  # fmt: skip
@@ -968,7 +711,7 @@ def main(argv: list[str] | None = None) -> None:
             dry_run=args.dry_run,
             keys=args.keys,
             commit=commit,
-            command=typed_command(argv),
+            command=typed("tune", argv),
         )
     except RunError as error:
         sys.exit(f"error: {error}")
@@ -987,23 +730,3 @@ def main(argv: list[str] | None = None) -> None:
     print(f"pick: trial {pick['trial']}, {values['provenance']['metric']} {pick['score']:.4g}; {where}")
     if args.dry_run:
         print(yaml.safe_dump({k: v for k, v in values.items() if k != "provenance"}, sort_keys=False), end="")
-
-
-def typed_command(argv: list[str]) -> str:
-    """The command line that ran this tuning, as typed (a pick's `made_by`): `horst-tune ...`,
-    `horst-sparse tune ...`, `python scripts/tune.py ...`, from the process's arguments where they end
-    in `argv`; `horst-tune <argv>` where main() was called with arguments of its own (from code)."""
-    import shlex
-
-    process = list(sys.argv)
-    if len(process) <= len(argv) or process[len(process) - len(argv) :] != list(argv):
-        return shlex.join(["horst-tune", *argv])
-    program = Path(process[0])
-    if program.suffix != ".py":  # a console script: its name, wherever it is installed
-        typed = [program.name]
-    elif program.resolve().is_relative_to(ROOT / "horst_sparse"):  # python -m horst_sparse....
-        module = program.resolve().relative_to(ROOT).with_suffix("")
-        typed = ["python", "-m", ".".join(module.parts)]
-    else:
-        typed = ["python", process[0]]
-    return shlex.join([*typed, *process[1:]])

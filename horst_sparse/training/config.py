@@ -90,7 +90,7 @@ class RunConfig:
     resume: Optional[str] = MISSING  # auto: latest checkpoint in the run folder | never | a path
     resume_override: List[str] = MISSING  # keys whose new values replace the checkpoint's on resume
     arm: Optional[str] = None  # a study's label of the run (configs/arm/), recorded in config.yaml
-    # a tuning trial's cells (horst_sparse.study.tuning.trial): its score is the mean over one run at each
+    # a tuning trial's cells (horst_sparse.study.trial.trial): its score is the mean over one run at each
     # value, e.g. {acdc: {sparsity: [0.7, 0.8, 0.9]}} (a search space sets it); a run alone ignores it
     tune_over: Any = None
 

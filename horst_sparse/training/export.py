@@ -1,8 +1,8 @@
 """What every pipeline's export shares, knowing no pipeline: reading a run folder (its latest
-checkpoint, config and summary), the model card's common lines, and `horst-export`.
+checkpoint, config and summary), the model card's common lines, and `horst-sparse export`.
 
 Each pipeline writes its own format over this (its `Pipeline.export`): `horst_sparse.gpt2.export`
-a `transformers` folder, `horst_sparse.vit.export` a timm folder; `horst-export` takes the run's
+a `transformers` folder, `horst_sparse.vit.export` a timm folder; `horst-sparse export` takes the run's
 pipeline from its config and checks `--to` against it.
 """
 
@@ -107,11 +107,11 @@ def export_run(run_dir: str | Path, out: str | Path, *, to: str, force: bool = F
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`horst-export` (scripts/export.py): export a run's model in a format other tools load, with a model card (README.md).
+    """`horst-sparse export`: export a run's model in a format other tools load, with a model card (README.md).
 
-        horst-export outputs/gpt2/RUN --sparsity 0.5 --to hf exported/gpt2-50
-        horst-export outputs/gpt2/RUN --method wanda --pattern 2:4 --to hf exported/gpt2-wanda-24
-        horst-export outputs/vit/RUN --to timm exported/deit
+        horst-sparse export outputs/gpt2/RUN --sparsity 0.5 --to hf exported/gpt2-50
+        horst-sparse export outputs/gpt2/RUN --method wanda --pattern 2:4 --to hf exported/gpt2-wanda-24
+        horst-sparse export outputs/vit/RUN --to timm exported/deit
 
     GPT-2 (`--to hf`): the trained model from the run's last checkpoint, pruned one-shot as the
     pipeline prunes (`--method magnitude|wanda`, `--pattern unstructured|n:m`, `--sparsity` for
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
 
     formats = {p.export.format: p.name for p in every() if p.export}
     parser = argparse.ArgumentParser(
-        prog="horst-export",
+        prog="horst-sparse export",
         description=(main.__doc__ or "").split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=(main.__doc__ or "").split("\n\n", 1)[1],

@@ -1,6 +1,6 @@
 """The keys of a run's config that change no number the run reports: one list, read by resume
 (`horst_sparse.training.runner`), by the tables (`horst_sparse.analysis.runs`, which average runs that differ only in
-these) and by the study's stale-run check (`horst_sparse.study.run.stale`).
+these) and by the study's stale-run check (`horst_sparse.study.jobs.stale`).
 
 A key is here when two runs that differ only in it train the same model on the same data with
 the same arithmetic and measure it the same way. Dotted prefixes cover whole sections.

@@ -551,7 +551,7 @@ class RunCallbacks(Callback):
         global _sweep_command
         _sweep_command = None
         if not config.hydra.launcher.get("wait", True):
-            return  # the cells are only queued (a failed.json here is an earlier try's): horst-sweep-status follows them
+            return  # the cells are only queued (a failed.json here is an earlier try's): horst-sparse status follows them
         failed = sorted(Path(config.hydra.sweep.dir).glob(f"*/{FAILED_FILE}"))
         for path in failed:
             record = json.loads(path.read_text())
@@ -599,8 +599,8 @@ def record_failed_cell(
     overrides: Sequence[str] | None = None,
     **extra: Any,
 ) -> dict:
-    """Write a failed cell's `failed.json` (what `RunCallbacks`, `horst-tables` and
-    `horst-sweep-status` read) and return it. `step`: where it failed, if known (None for a
+    """Write a failed cell's `failed.json` (what `RunCallbacks`, `horst-sparse tables` and
+    `horst-sparse status` read) and return it. `step`: where it failed, if known (None for a
     job SLURM ended). `checkpoint` and `checkpoint_step`: the newest checkpoint in the folder,
     where the run continues; `continue`: the line that continues it (`continue_command`, from
     the cell's command-line `overrides`; None without them). `extra`: e.g. the SLURM job and

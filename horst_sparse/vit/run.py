@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import time
 from pathlib import Path
 
@@ -23,16 +24,17 @@ from torch.nn.parallel import DistributedDataParallel
 
 import pruning
 from horst_sparse.training.checkpoint import CheckpointError
-from horst_sparse.training.config import ConfigError
+from horst_sparse.training.config import ConfigError, RunError
 from horst_sparse.training.distributed import all_reduce_mean
 from horst_sparse.training.engine import optimizer_overrides, use_engine_
-from horst_sparse.training.env import autocast, seed_rngs
+from horst_sparse.training.env import autocast, image_batch_bytes, seed_rngs, shared_memory_problem
 from horst_sparse.training.optim import build_optimizer
 from horst_sparse.training.run_log import RunLogger, optimizer_label, progress_bar
 from horst_sparse.training.runner import Run
 from horst_sparse.training.schedule import build_lr_scheduler
 from horst_sparse.vit.config import acdc_schedule, prunable_set, scaled_lr
 from horst_sparse.vit.data import (
+    PREFETCH_FACTOR,
     ImageData,
     TrainLoader,
     build_datasets,
@@ -168,6 +170,14 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
     cpu_fast = cfg.engine == "fast" and device.type == "cpu"
 
     # ---- data: the same timm pipeline for ImageNet and the digits; test only if reported ------
+    # workers hand their batches (at most 3 channels) over through /dev/shm: 64 MB in Docker
+    if problem := shared_memory_problem(
+        image_batch_bytes(max(t.batch_size // dist.world_size, t.eval_batch_size), 3, cfg.model.img_size),
+        workers=cfg.data.num_workers,
+        prefetch=PREFETCH_FACTOR,
+        processes=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),  # torchrun's ranks on this node
+    ):
+        raise RunError(problem)
     skipped_log = r.run_dir / "skipped_images.txt"  # data.skip_corrupt: the unreadable images met
     data = build_datasets(
         cfg.data, cfg.aug, img_size=cfg.model.img_size, eval_split=cfg.eval_split, skipped_log=skipped_log

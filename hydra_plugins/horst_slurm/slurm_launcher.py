@@ -7,7 +7,7 @@
   such job, leaving the others running and recording nothing.)
 * `wait: false` submits and returns once the jobs are queued.
 * `<sweep dir>/jobs.json` names each cell's SLURM job and run folder, and the command line
-  that continues the sweep, for `horst-sweep-status` (each cell's state; collects the finished
+  that continues the sweep, for `horst-sparse status` (each cell's state; collects the finished
   ones; prints that line); a sweep submitted again into its folder updates its cells there
   (`write_jobs_file`).
 * A sweep submitted again (that line) submits no job for a cell whose run folder holds it,
@@ -76,7 +76,7 @@ def job_record(run_dir: Path, job_id: str | None) -> dict | None:
 @dataclass
 class HorstSlurmQueueConf(SlurmQueueConf):
     _target_: str = "hydra_plugins.horst_slurm.slurm_launcher.SlurmLauncher"
-    # false: return once the jobs are queued (`horst-sweep-status <sweep dir>` follows them)
+    # false: return once the jobs are queued (`horst-sparse status <sweep dir>` follows them)
     wait: bool = True
 
 
@@ -182,12 +182,12 @@ class SlurmLauncher(SubmititSlurmLauncher):
         if jobs:
             first = next(iter(jobs.values())).job_id.split("_")[0]
             print(
-                f"submitted {len(jobs)} cell(s) as SLURM job {first}{kept}; their state: horst-sweep-status {sweep_dir}",
+                f"submitted {len(jobs)} cell(s) as SLURM job {first}{kept}; their state: horst-sparse status {sweep_dir}",
                 file=sys.stderr,
             )
         else:
             print(
-                f"all {len(cells)} cell(s) are finished; nothing submitted: horst-sweep-status {sweep_dir}",
+                f"all {len(cells)} cell(s) are finished; nothing submitted: horst-sparse status {sweep_dir}",
                 file=sys.stderr,
             )
         returns = {k: self._job_return(job_overrides[k], summary) for k, summary in finished.items()}

@@ -1,9 +1,9 @@
-"""`horst-sweep-status`: each cell of a SLURM sweep: done, failed (and why), running or pending;
+"""`horst-sparse status`: each cell of a SLURM sweep: done, failed (and why), running or pending;
 the finished ones into tables. SLURM's states, mapped beside the launcher that submits the jobs.
 
     python train_vit.py -m +sweep=deit_table hydra/launcher=slurm hydra.launcher.wait=false ...
-    horst-sweep-status multirun/2026-12-01/10-00-00
-    horst-sweep-status multirun/2026-12-01/10-00-00 --tables results/deit   # and horst-tables
+    horst-sparse status multirun/2026-12-01/10-00-00
+    horst-sparse status multirun/2026-12-01/10-00-00 --tables results/deit   # and horst-sparse tables
 
 It reads `<sweep>/jobs.json` (each cell's SLURM job and run folder, written by the SLURM
 launcher when it submits; hydra_plugins/horst_slurm), the run folders (`summary.json`: done;
@@ -165,7 +165,7 @@ def cell_states(sweep_dir: Path) -> list[dict]:
             if reason in NEVER_STARTS:
                 row["notes"].append(
                     f"it will not start: it asks more than the partition's nodes have or allow; `scancel {job_id}` "
-                    "and submit it again with less (horst-plan prints what each job asks)"
+                    "and submit it again with less (horst-sparse plan prints what each job asks)"
                 )
     return rows
 
@@ -188,10 +188,13 @@ def continue_sweep(sweep_dir: Path) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="horst-sweep-status", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="horst-sparse status", description=__doc__.split("\n\n")[0])
     parser.add_argument("sweep_dir", type=Path, help="the multirun's folder (hydra.sweep.dir), holding jobs.json")
     parser.add_argument(
-        "--tables", type=Path, metavar="OUT", help="then write the tables of the finished cells into OUT (horst-tables)"
+        "--tables",
+        type=Path,
+        metavar="OUT",
+        help="then write the tables of the finished cells into OUT (horst-sparse tables)",
     )
     args = parser.parse_args(argv)
     if not (args.sweep_dir / JOBS_FILE).is_file():
@@ -222,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             if error.code not in (None, 0):
                 print(error.code, file=sys.stderr)
     elif counts["done"]:
-        print(f"tables of the finished cells: horst-tables {args.sweep_dir} --out OUT")
+        print(f"tables of the finished cells: horst-sparse tables {args.sweep_dir} --out OUT")
     if counts["running"] or counts["pending"]:
         return UNFINISHED_EXIT_CODE
     return 1 if counts["failed"] else 0

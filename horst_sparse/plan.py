@@ -1,8 +1,8 @@
 """What a multirun would launch, and what it would cost, without launching anything.
 
-    horst-plan train_vit.py -m optimizer=adamw,horst seed=0,1
-    horst-plan train_vit.py -m +sweep=deit_table data.root=/x hydra/launcher=slurm
-    horst-plan train_gpt2.py -m +sweep=gpt2_table hydra/launcher=slurm_1gpu
+    horst-sparse plan train_vit.py -m optimizer=adamw,horst seed=0,1
+    horst-sparse plan train_vit.py -m +sweep=deit_table data.root=/x hydra/launcher=slurm
+    horst-sparse plan train_gpt2.py -m +sweep=gpt2_table hydra/launcher=slurm_1gpu
 
 Give the entry point and the same arguments as for the real multirun (`-m` may be left out).
 The entry point names its pipeline (horst_sparse.pipeline's registry: its primary config, its
@@ -293,10 +293,10 @@ def render(
     *,
     data_checked: bool = True,
     sinfo: str | None = None,
-    prog: str = "horst-plan",
+    prog: str = "horst-sparse plan",
 ) -> str:
     """The plan as printed; `sinfo`: the output of `sinfo -h -N -o "%P %c %m"` (None: run it);
-    `prog`: the planner as it was typed (`invoked_as`), which the last line names."""
+    `prog`: the planner as it was typed (`horst_sparse.cli.typed`), which the last line names."""
     params = config.hydra.sweeper.get("params") or {}
     fixed = [o for o in (cells[0].overrides if cells else []) if o not in _varying(cells, cells[0])]
     lines = [
@@ -380,20 +380,10 @@ def plan(
     return pipeline, config, cells
 
 
-def invoked_as(argv0: str) -> str:
-    """The planner as its user typed it, from `sys.argv[0]`: a console script is found on PATH
-    (argv[0] is then its full path, `horst-plan` was typed), a script keeps the path it was given
-    (`scripts/plan.py`), and `python -m` sets this module's file."""
-    path = Path(argv0)
-    if path.suffix != ".py":
-        return path.name
-    if path.resolve() == Path(__file__).resolve():
-        return f"python -m {__spec__.name if __spec__ else 'horst_sparse.study.plan'}"
-    return f"python {argv0}"
-
-
 def main(argv: Sequence[str] | None = None) -> None:
-    prog = invoked_as(sys.argv[0])
+    from horst_sparse.cli import typed
+
+    prog = typed("plan")
     parser = argparse.ArgumentParser(
         prog=prog, description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )

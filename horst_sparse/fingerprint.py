@@ -1,4 +1,4 @@
-"""`horst-fingerprint` (make fingerprint): the bits of two short runs in the reproducible CPU mode.
+"""`horst-sparse fingerprint` (make fingerprint): the bits of two short runs in the reproducible CPU mode.
 
 A ViT and a GPT-2 run of the embedded recipes (the smoke presets: every AC/DC phase, HORST, its C
 kernel for GPT-2), each through its entry point in a fresh process, reduced to hashes of their
@@ -8,13 +8,12 @@ curves themselves so that a mismatch names the first step that differs. The comm
 the same runs and asks for the same bits: trivial on that machine, the real check on any other x86
 CPU (horst_sparse.cpu_mode says what the mode pins and why).
 
-    horst-fingerprint                 # measure and compare with results/fingerprint.json; 1 on a mismatch
-    horst-fingerprint --write         # measure and write it (a clean tree: it records the commit)
+    horst-sparse fingerprint                 # measure and compare with results/fingerprint.json; 1 on a mismatch
+    horst-sparse fingerprint --write         # measure and write it (a clean tree: it records the commit)
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -132,15 +131,13 @@ def _mode_text(mode: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="horst-fingerprint",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__.split("\n\n", 1)[1],
-    )
+    from horst_sparse.cli import subcommand
+
+    parser = subcommand("fingerprint", __doc__)
     parser.add_argument("--write", action="store_true", help=f"write {COMMITTED.relative_to(REPO)} (clean tree)")
     args = parser.parse_args(argv)
-    from horst_sparse.study.run import StudyError, check_clean
+    from horst_sparse.study.jobs import StudyError
+    from horst_sparse.study.provenance import check_clean
     from horst_sparse.training.run_log import git_commit
 
     if args.write:
@@ -149,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         except StudyError as error:
             sys.exit(f"error: {error}")
     elif not COMMITTED.is_file():
-        sys.exit(f"error: no committed fingerprint {COMMITTED}: `horst-fingerprint --write` makes one")
+        sys.exit(f"error: no committed fingerprint {COMMITTED}: `horst-sparse fingerprint --write` makes one")
     measured = measure()
     for pipeline, run in measured.items():
         print(
@@ -157,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"({len(run['loss_curve'])} losses) on {run['machine']['cpu']} ({_mode_text(run['machine']['cpu_mode'])})"
         )
     if args.write:
-        record = {"made_by": "horst-fingerprint --write", "git_commit": git_commit(REPO), **measured}
+        record = {"made_by": "horst-sparse fingerprint --write", "git_commit": git_commit(REPO), **measured}
         COMMITTED.write_text(json.dumps(record, indent=1) + "\n")
         print(f"wrote {COMMITTED.relative_to(REPO)}")
         return
