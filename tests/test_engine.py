@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from conftest import ROOT
 
 from horst_sparse.cpu_mode import missing_cpu_flags
-from horst_sparse.study.fingerprint import loss_curve, weights_hash
+from horst_sparse.fingerprint import loss_curve, weights_hash
 from horst_sparse.training.checkpoint import latest_checkpoint
 from horst_sparse.training.engine import OneDNNLinear, use_engine_
 from horst_sparse.vit.data import Mnist1DDataset, TrainLoader, eval_loader
