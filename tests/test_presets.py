@@ -30,8 +30,8 @@ def test_presets_are_split_by_pipeline():
     assert gpt2["model"] == ["gpt2_nano", "gpt2_small", "gpt2_tiny"] and "deit_small" in vit["model"]
     assert gpt2["experiment"] == ["gpt2_small_slimpajama", "smoke_gpt2"] and len(vit["experiment"]) == 10
     assert "smoke_vit" in vit["experiment"]
-    assert "vit_sparsity" not in gpt2["+sweep"] and "gpt2_table" not in vit["+sweep"]
-    assert {"horst_alpha_beta", "ham_alpha_beta"} <= set(gpt2["+sweep"]) & set(vit["+sweep"])
+    assert "vit_sparsity" not in gpt2["+study"] and "gpt2_table" not in vit["+study"]
+    assert {"horst_alpha_beta", "ham_alpha_beta"} <= set(gpt2["+study"]) & set(vit["+study"])
     assert gpt2["optimizer"] == vit["optimizer"] and "horst_lion" in gpt2["optimizer"]
 
 

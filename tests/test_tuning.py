@@ -260,7 +260,7 @@ def test_every_search_space_reaches_its_arm(name):
         f"warmup_{'epochs' if pipeline == 'vit' else 'steps'}",
     }
     assert leaves == (shared if optimizer == "adamw" else shared | {"alpha", "beta"})
-    assert planned.arm_file == ROOT / "configs" / "tuned" / pipeline / planned.recipe / f"{optimizer}.yaml"
+    assert planned.tuned_file == ROOT / "configs" / "tuned" / pipeline / f"{planned.recipe}.yaml"
     assert "hydra.sweeper.n_trials=4" in planned.arguments and planned.seed >= tuning.TUNING_SEEDS_START
 
 
