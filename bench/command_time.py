@@ -30,7 +30,6 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the command to time after --, e.g. -- make test")
-    sys.path.insert(0, str(ROOT))
     from horst_sparse.training.run_log import cpu_model, git_commit
 
     commit, load = git_commit(ROOT), os.getloadavg()[0]

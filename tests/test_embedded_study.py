@@ -176,7 +176,19 @@ def test_the_embedded_study_is_its_presets_and_tunes_what_its_budget_asks_for(em
         == []
     )
     record = runs.read_record([ROOT / "results" / "embedded" / "runs.csv"])
-    study.check_protocol(current, versions, record[record.protocol == current.version], jobs)  # as registered
+    mine = record[record.protocol == current.version]
+    protocol.check_unchanged(current, set(mine.git_commit), protocol.reviewed(versions))  # its runs: as registered
+    # the flat configs (configs/experiment/, a tuned file per recipe) are not v6's: a new version names them
+    with pytest.raises(protocol.ProtocolError) as refused:
+        study.check_protocol(current, versions, mine, jobs)
+    assert "\n" not in str(refused.value) and "protocol embedded v6 changed since its registration" in str(
+        refused.value
+    )
+    assert "the working tree: configs/arm/adamw.yaml, " in str(refused.value)
+    assert str(refused.value).endswith(
+        "register the change as a new version, a new protocols/embedded/v<N>.yaml that names them (a changed "
+        "search space alone: name its arm in its retune)"
+    )
     with pytest.raises(study.StudyError, match="runs vit adamw at v4's pick, but configs/tuned/ holds none of v4's"):
         study.tunings(current, picked({**{a: inherited for a in arms}, ("vit", "adamw"): 5}), versions)
 

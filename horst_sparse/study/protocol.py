@@ -256,6 +256,6 @@ def check_unchanged(protocol: Protocol, commits: Iterable[str | None], changes: 
         raise ProtocolError(
             f"protocol {protocol.study} v{protocol.version} changed since its registration "
             f"({protocol.registration[:12]}): {'; '.join(problems)}; restore them (git diff "
-            f"{protocol.registration[:12]} -- <file>) or register the change as a new version of "
-            f"protocols/{protocol.study}/ (a changed search space: name its arm in its retune)"
+            f"{protocol.registration[:12]} -- <file>) or register the change as a new version, a new "
+            f"protocols/{protocol.study}/v<N>.yaml that names them (a changed search space alone: name its arm in its retune)"
         )

@@ -342,14 +342,14 @@ def recipe_changes(pipeline: Pipeline, parsed: Iterable[Any]) -> list[str]:
 
 def selection(search: Path) -> list[str]:
     """The overrides that select a search space's arm without the space: its defaults list's
-    `override /optimizer: horst` (optimizer=horst) and `override /experiment: horst_prunable`
-    (experiment=horst_prunable, an arm with values of its own)."""
+    `override /optimizer: horst` (optimizer=horst) and `/experiment@_global_: horst_prunable`
+    (+experiment@_global_=horst_prunable: an arm with values of its own, beside any experiment preset)."""
     chosen = []
     for entry in yaml.safe_load(search.read_text()).get("defaults", []):
         if isinstance(entry, Mapping):
             for key, value in entry.items():
                 group = key.removeprefix("override ").strip().lstrip("/")
-                if group in ("optimizer", "experiment"):
+                if group.split("@")[0] in ("optimizer", "experiment"):
                     chosen.append(f"{'' if key.startswith('override ') else '+'}{group}={value}")
     return chosen
 
