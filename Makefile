@@ -15,11 +15,37 @@ export HF_DATASETS_OFFLINE := 1
 
 venv: $(STAMP)
 
+# Which torch the venv gets (in a fresh clone, or after make clean). Empty: constraints.txt's pins
+# from the default index, a CUDA 13.0 build (NVIDIA driver >= 580). cu126 (or another CUDA tag
+# PyTorch's index serves the pinned version for): the same torch and torchvision built for that
+# CUDA, for a node whose driver predates CUDA 13. site: a venv over the interpreter's own torch (a
+# cluster's module; PYTHON=its python), pinned as it is, so that nothing is installed over it.
+# Either way everything else is pinned by requirements-no-torch.lock (requirements.lock without
+# torch, torchvision and their CUDA wheels).
+TORCH ?=
+TORCH_INDEX := https://download.pytorch.org/whl
+TORCH_PINS = $(shell grep -E '^torch(vision)?==' constraints.txt)
+# the torch distributions the interpreter has, as pins
+SITE_PINS := import importlib.metadata as m; print(*sorted(f"{d.name}=={d.version}" for d in m.distributions() if d.name in ("torch", "torchvision", "triton")), sep="\n")
+
 # Reinstalled whenever the dependency list or the pins change.
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt requirements-no-torch.lock
+ifeq ($(TORCH),)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,pipelines]'
+else ifeq ($(TORCH),site)
+	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -c '$(SITE_PINS)' > $(VENV)/site-torch.txt
+	grep -q '^torch==' $(VENV)/site-torch.txt || { echo "make venv TORCH=site: $(PYTHON) has no torch; load the cluster's PyTorch (PYTHON=its python), or leave TORCH out" >&2; rm -rf $(VENV); exit 2; }
+	$(PY) -m pip install --quiet -c $(VENV)/site-torch.txt -c requirements-no-torch.lock -e '.[dev,pipelines]'
+else
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet --extra-index-url $(TORCH_INDEX)/$(TORCH) -c requirements-no-torch.lock $(addsuffix +$(TORCH),$(TORCH_PINS))
+	$(PY) -m pip install --quiet -c constraints.txt -c requirements-no-torch.lock -e '.[dev,pipelines]'
+endif
 	touch $(STAMP)
 
 # The demo: configs/study/demo_*.yaml, one seed of AdamW, HAM and HORST on the study's benchmarks

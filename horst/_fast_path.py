@@ -1,15 +1,18 @@
 """The fast path: one fused pass per tensor instead of a chain of elementwise ops.
 
+Which path steps a ``(param, grad, *state)`` tuple is decided in one place, ``route``:
+
 * Dense float32 tensors on CPU: ``horst._cpu_kernel``, a C kernel called once per batch of
   tensors that share the step's scalars (``torch.compile``'s CPU code was ~2x
   ``torch.optim.AdamW(fused=True)`` per tensor, plus ~0.2 ms of call overhead per tensor).
-* Other dense tensors (CUDA, bf16): ``horst.functional.mirror_step_`` compiled by
-  ``torch.compile`` into one kernel (Triton on CUDA). Tensors of fewer than ``FLAT_NUMEL``
-  elements are grouped by device and dtype, as ``torch.optim``'s foreach implementations group
-  them, and stepped in one call over flat copies, those that take the mirror step and those
-  that do not together (docs/design.md §2.5); larger ones in one call each on their own
-  memory, passed as 1-D aliases. Sizes are dynamic, so one compilation serves every call of a
-  run (one more per base, dtype, order and guard).
+* Other tensors of a dense layout, or small ones (CUDA, bf16): ``horst.functional.mirror_step_``
+  compiled by ``torch.compile``, one call over all of them (a multi-tensor step, as
+  ``torch.optim``'s foreach implementations take one call per device and dtype; one kernel
+  per tensor, Triton on CUDA). Tensors of fewer than ``FLAT_NUMEL`` elements enter it as flat
+  copies, one per device and dtype, those that take the mirror step and those that do not
+  together (docs/design.md §2.5); larger ones on their own memory, as 1-D aliases. Sizes are
+  dynamic, so one compilation serves every step of a run (one more per base, order, guard,
+  dtype and set of tensors with a gradient).
 * Tensors without a dense layout shared by the parameter, its gradient and its state (any
   layout for the small ones, which are copied), or of a tensor subclass: the plain path.
 
@@ -61,21 +64,25 @@ def _give_up(path: str, error: Exception, fallback: str) -> None:
     )
 
 
-def _mirror_step_packed_(
-    descend: Descend, param: Tensor, grad: Tensor, state: tuple[Tensor, ...], packed: Tensor, order: str, guard: bool
+def _mirror_step_many_(
+    descend: Descend, entries: list[tuple[tuple[Tensor, ...], Tensor]], order: str, guard: bool
 ) -> None:
-    *values, mirrored = packed.unbind()
-    mirror_step_(descend, param, grad, state, Scalars(*values), order, guard, mirrored)
+    """``mirror_step_`` on each entry, ``((param, grad, *state), packed)`` of 1-D tensors: one
+    compiled graph for all of them. ``packed`` is the entry's scalars (``horst.functional.pack``),
+    followed by the bound below which its elements take the mirror step."""
+    for (param, grad, *state), packed in entries:
+        *values, mirrored = packed.unbind()
+        mirror_step_(descend, param, grad, tuple(state), Scalars(*values), order, guard, mirrored)
 
 
-# one graph per base, order, guard and dtype: more than dynamo's default limit of 8 per function
+# one graph per base, order, guard, dtype and set of tensors: more than dynamo's default limit of 8
 RECOMPILE_LIMIT = 64
 
 
 @functools.cache
 def _compiled_kernel():
     # the limit is this function's own (not a dynamo.config.patch around every call: host time)
-    return torch.compile(_mirror_step_packed_, dynamic=True, fullgraph=True, recompile_limit=RECOMPILE_LIMIT)
+    return torch.compile(_mirror_step_many_, dynamic=True, fullgraph=True, recompile_limit=RECOMPILE_LIMIT)
 
 
 PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
@@ -122,6 +129,70 @@ def kernel_mode(s: Scalars, order: str, guard: bool) -> int | None:
     return None
 
 
+class Routes(NamedTuple):
+    """The positions of the tuples each path steps (``route``)."""
+
+    plain: list[int]
+    kernel: list[int]  # the C kernel
+    flat: list[int]  # the compiled call, from flat copies
+    in_place: list[int]  # the compiled call, on their own memory
+
+
+def route(
+    tensors: Sequence[tuple[Tensor, ...]],
+    positions: Sequence[int],
+    fast: bool,
+    modes: tuple[int | None, int | None],
+    mirrored: Sequence[bool],
+) -> Routes:
+    """The path that steps each ``(param, grad, *state)`` tuple at ``positions``; the one place
+    that decides it. ``modes``: the C kernel's mirror mode for the step's scalars without and
+    with the mirror step (``kernel_mode``), chosen by the tuple's ``mirrored`` flag.
+
+    * the plain path: ``fast`` off, or a tensor subclass among the tuple's (a DTensor not
+      reduced to its local shard, ``horst.optimizer.local_shards``), or whatever the compiled
+      call cannot take once it has failed in this process;
+    * the C kernel: dense float32 CPU tensors whose scalars it has a mode for, until it fails
+      to build (then the compiled call takes them);
+    * the compiled call from flat copies: tensors of one dtype with at least one dimension and
+      fewer than ``FLAT_NUMEL`` elements, in any strides (copied in logical order);
+    * the compiled call in place: the other tuples of one dense layout (``dense_layout``);
+    * the plain path: the rest (a large tensor laid out unlike its gradient, a strided slice).
+    """
+    routes = Routes([], [], [], [])
+    kernel_ok = "C kernel" not in _failed
+    compiler_ok = "torch.compile" not in _failed
+    for index in positions:
+        group = tensors[index]
+        param = group[0]
+        dtype = param.dtype
+        plain_types = one_dtype = True
+        for t in group:  # a loop, not all(...): this runs for every tensor at every step
+            if type(t) not in PLAIN_TENSOR_TYPES:
+                plain_types = False
+                break
+            if t.dtype != dtype:
+                one_dtype = False
+        if not (fast and plain_types):
+            routes.plain.append(index)
+        elif (
+            kernel_ok
+            and dtype == torch.float32
+            and param.device.type == "cpu"
+            and modes[mirrored[index]] is not None
+            and dense_layout(group)
+            and _cpu_kernel.supports(group)
+        ):
+            routes.kernel.append(index)
+        elif compiler_ok and one_dtype and param.ndim and param.numel() < FLAT_NUMEL:
+            routes.flat.append(index)
+        elif compiler_ok and dense_layout(group):
+            routes.in_place.append(index)
+        else:
+            routes.plain.append(index)
+    return routes
+
+
 def mirror_step_foreach_(
     descend: Descend,
     kernel_base: int,
@@ -138,78 +209,46 @@ def mirror_step_foreach_(
 ) -> list[bool]:
     """One step over ``(param, grad, *state)`` tuples that share the step's scalars ``s``:
     ``descend`` (a base's, with ``kernel_base`` its base in the C kernel) composed with the
-    mirror step, on the fast path if ``fast``, else on the plain path. The tuples that
-    ``mirrored`` marks False (default: none) take the base's step alone (the mirror's scalars
-    at 0) and no ``guard``.
+    mirror step, on the paths ``route`` picks (with ``fast`` off: the plain path). The tuples
+    that ``mirrored`` marks False (default: none) take the base's step alone (the mirror's
+    scalars at 0) and no ``guard``.
 
     ``norm_cap`` (HAM's): each new parameter of a tuple ``whole`` marks (default: all; a shard's
     norm is not its tensor's) whose L2 norm exceeds it is rescaled to it where the path can do
-    it in its own pass: the C kernel sums the squares as it steps, a flat compiled call scales
-    its flat copy before writing it back. Returns per tuple whether it was capped here.
+    it in its own pass: the C kernel sums the squares as it steps, the compiled call's flat
+    copies are scaled before they are written back. Returns per tuple whether it was capped here.
 
     ``buffers``: a dict the caller keeps from step to step (an optimizer's), in which the
-    compiled path keeps its flat copies of small tensors (``_compiled_flat_step``)."""
+    compiled call keeps its flat copies of small tensors (``_flat_copies``)."""
     n = len(tensors)
     mirrored = [True] * n if mirrored is None else mirrored
     whole = [True] * n if whole is None else whole
     off = s._replace(alpha_u=0.0, alpha_g=0.0, lr_beta=0.0, clip=math.inf)
     modes = (kernel_mode(off, order, False), kernel_mode(s, order, guard))  # by mirrored
-    for_plain: list[int] = []
-    for_kernel: tuple[list[int], list[int]] = ([], [])  # by mirrored
-    small: dict[tuple[torch.device, torch.dtype, bool], list[int]] = defaultdict(list)  # by device, dtype, whole
-    for_compiler: list[int] = []  # one call each
-
-    def compiled_or_plain(index: int, group: tuple[Tensor, ...]) -> None:
-        param = group[0]
-        dtype = param.dtype
-        for t in group:  # a loop, not all(...): this runs for every tensor at every step
-            if t.dtype != dtype:
-                break
-        else:
-            if param.ndim and param.numel() < FLAT_NUMEL:  # any strides: copied in logical order
-                small[param.device, dtype, whole[index]].append(index)
-                return
-        (for_compiler if dense_layout(group) else for_plain).append(index)
-
-    for index, group in enumerate(tensors):
-        for t in group:
-            if type(t) not in PLAIN_TENSOR_TYPES:
-                for_plain.append(index)
-                break
-        else:
-            param = group[0]
-            if not fast:
-                for_plain.append(index)
-            elif (
-                param.dtype == torch.float32
-                and param.device.type == "cpu"
-                and modes[mirrored[index]] is not None
-                and dense_layout(group)
-                and _cpu_kernel.supports(group)
-            ):
-                for_kernel[mirrored[index]].append(index)
-            else:
-                compiled_or_plain(index, group)
+    routes = route(tensors, range(n), fast, modes, mirrored)
     capped = [False] * n
-    for is_mirrored, positions in enumerate(for_kernel):
+    for is_mirrored in (False, True):
+        positions = [p for p in routes.kernel if mirrored[p] == is_mirrored]
         if not positions:
             continue
         sums = _cpu_kernel_step(
-            [tensors[i] for i in positions], (off, s)[is_mirrored], kernel_base, modes[is_mirrored], norm_cap
+            [tensors[p] for p in positions], (off, s)[is_mirrored], kernel_base, modes[is_mirrored], norm_cap
         )
-        if sums is False:
-            for p in positions:
-                compiled_or_plain(p, tensors[p])
+        if sums is False:  # the kernel is not available: the next path takes them
+            for path, more in zip(routes, route(tensors, positions, fast, modes, mirrored)):
+                path += more
         elif sums is not None:
             for p, total in zip(positions, sums):
                 if whole[p]:
                     _cap(tensors[p][0], total, norm_cap)
                     capped[p] = True
-    if small or for_compiler:
-        for_plain += _compiled_steps(
-            descend, tensors, small, for_compiler, mirrored, _PackedByDevice(s), order, guard, norm_cap, capped, buffers
+    if routes.flat or routes.in_place:
+        routes.plain.extend(
+            _compiled_step(
+                descend, tensors, routes, mirrored, whole, _PackedByDevice(s), order, guard, norm_cap, capped, buffers
+            )
         )
-    for index in for_plain:
+    for index in routes.plain:
         param, grad, *state = tensors[index]
         mirror_step_(descend, param, grad, tuple(state), (off, s)[mirrored[index]], order, guard and mirrored[index])
     return capped
@@ -251,19 +290,19 @@ def _cpu_kernel_step(
         return False
 
 
-# Tensors of fewer elements are stepped together from flat copies: for them the host's cost of
-# a call outweighs copying their elements; larger ones are stepped in place, one call each.
+# Tensors of fewer elements enter the compiled call as flat copies: for them the cost of a
+# kernel (a launch on CUDA) outweighs copying their elements; larger ones are stepped in place.
 FLAT_NUMEL = 1 << 16
 # At most this many elements in one set of flat copies: bounds the copies' memory.
 FLAT_BATCH_NUMEL = 1 << 22
 
 
-def _compiled_steps(
+def _compiled_step(
     descend: Descend,
     tensors: Sequence[tuple[Tensor, ...]],
-    small: dict[tuple[torch.device, torch.dtype, bool], list[int]],
-    large: list[int],
+    routes: Routes,
     mirrored: Sequence[bool],
+    whole: Sequence[bool],
     packed: _PackedByDevice,
     order: str,
     guard: bool,
@@ -271,37 +310,60 @@ def _compiled_steps(
     capped: list[bool],
     buffers: dict | None,
 ) -> list[int]:
-    """The compiled kernel over the ``(param, grad, *state)`` tuples at the positions of
-    ``small`` (those of one device, dtype and ``whole`` flag; all tensors of a tuple in the
-    parameter's dtype) and ``large`` (dense tensors): the positions it left to the plain path
-    (those of the call that failed and of every call after it); sets ``capped``.
+    """The compiled kernel once over the tuples at ``routes.flat`` and ``routes.in_place``: the
+    positions it left to the plain path (all of them if it is not available); sets ``capped``.
 
-    Small tensors are stepped by one call on flat copies (``_compiled_flat_step``) per device
-    and dtype, mirrored and not mirrored together, at most ``FLAT_BATCH_NUMEL`` elements at a
-    time; large ones by one call each on their own memory."""
-    calls: list[tuple[list[int], bool]] = []  # (positions stepped by one call, whether it may cap)
-    for (_, _, whole), positions in small.items():
+    The ``flat`` tuples (all tensors of a tuple in the parameter's dtype) are copied into flat
+    tensors (``_flat_copies``), one set per device, dtype and ``whole`` flag, mirrored and not
+    mirrored together, at most ``FLAT_BATCH_NUMEL`` elements in a set; the ``in_place`` ones
+    are stepped on their own memory through 1-D aliases. With ``norm_cap`` the flat copies of
+    ``whole`` tuples are capped per tensor (one norm and one scaling per run of a shape) before
+    they are written back."""
+    by_kind: dict[tuple[torch.device, torch.dtype, bool], list[int]] = defaultdict(list)
+    for p in routes.flat:
+        param = tensors[p][0]
+        by_kind[param.device, param.dtype, whole[p]].append(p)
+    batches: list[tuple[list[int], float | None]] = []  # (positions in one set of flat copies, their cap)
+    for (_, _, is_whole), positions in by_kind.items():
         # mirrored first (the kernel's mask is an index bound), then by shape: few runs of one shape
-        positions = sorted(positions, key=lambda p: (not mirrored[p], tensors[p][0].shape))
+        positions.sort(key=lambda p: (not mirrored[p], tensors[p][0].shape))
         numel = FLAT_BATCH_NUMEL
         for p in positions:
             size = tensors[p][0].numel()
             if numel + size > FLAT_BATCH_NUMEL:
-                calls.append(([], whole))
+                batches.append(([], norm_cap if is_whole else None))
                 numel = 0
-            calls[-1][0].append(p)
+            batches[-1][0].append(p)
             numel += size
-    for number, (positions, whole) in enumerate(calls):
-        cap = norm_cap if whole else None
-        if not _compiled_flat_step(descend, tensors, positions, mirrored, packed, order, guard, cap, buffers):
-            return [p for positions, _ in calls[number:] for p in positions] + large
+    entries = []
+    copies = []
+    for positions, cap in batches:
+        flat, columns, bound = _flat_copies(tensors, positions, mirrored, buffers)
+        first = flat.flats[0]
+        entries.append((tuple(flat.flats), packed[first.device, compute_dtype(first.dtype), float(bound)]))
+        copies.append((flat, columns, cap))
+    for p in routes.in_place:
+        aliases = flat_aliases(tensors[p])
+        param = aliases[0]
+        entries.append((aliases, packed[param.device, compute_dtype(param.dtype), math.inf if mirrored[p] else 0.0]))
+    if "torch.compile" not in _failed:
+        try:
+            _compiled_kernel()(descend, entries, order, guard)
+        except Exception as error:  # noqa: BLE001 - any compiler failure: fall back, loudly
+            _give_up("torch.compile", error, "plain path")
+    if "torch.compile" in _failed:
+        return routes.flat + routes.in_place
+    for (positions, cap), (flat, columns, _) in zip(batches, copies):
         if cap is not None:
+            for rows in flat.rows:
+                # as HAM's _after_step computes it: min(1, norm_cap / norm), a zero tensor keeps 1
+                norms = torch.linalg.vector_norm(rows, dim=1)
+                rows.mul_(torch.clamp(cap / norms.clamp(min=torch.finfo(rows.dtype).tiny), max=1.0)[:, None])
             for p in positions:
                 capped[p] = True
-    for number, p in enumerate(large):
-        bound = math.inf if mirrored[p] else 0.0
-        if not _compiled_step(descend, flat_aliases(tensors[p]), packed, order, guard, bound):
-            return large[number:]
+        for role, (pieces, column) in enumerate(zip(flat.pieces, columns)):
+            if role != 1:  # the gradient is only read
+                torch._foreach_copy_(column, pieces)
     return []
 
 
@@ -329,28 +391,18 @@ class _FlatBuffers(NamedTuple):
 KEPT_LAYOUTS = 8
 
 
-def _compiled_flat_step(
-    descend: Descend,
-    tensors: Sequence[tuple[Tensor, ...]],
-    positions: list[int],
-    mirrored: Sequence[bool],
-    packed: _PackedByDevice,
-    order: str,
-    guard: bool,
-    norm_cap: float | None,
-    buffers: dict | None,
-) -> bool:
-    """The compiled kernel once over the tuples at ``positions`` (of one device and dtype, the
-    mirrored ones first, sorted by shape): each role (parameters, gradients, each state) is
-    copied into one flat tensor by one ``_foreach_copy_`` (in each tensor's logical order,
-    whatever its strides), stepped, and the new parameters and state are copied back by one
-    ``_foreach_copy_`` per role. The flat tensors and their pieces in the tensors' shapes are
-    made once per layout (the runs of shapes) and kept in ``buffers`` (the optimizer's; made
-    anew at every call without it): making the pieces costs more host time than the copies.
-    The step is elementwise: an element's new value does not depend on its neighbours in the
-    flat tensor, and the elements below the mirrored tensors' count take the mirror step. With
-    ``norm_cap`` the flat parameters are capped per tensor (one norm and one scaling per run of
-    a shape) before they are written back. False if the kernel is not available."""
+def _flat_copies(
+    tensors: Sequence[tuple[Tensor, ...]], positions: list[int], mirrored: Sequence[bool], buffers: dict | None
+) -> tuple[_FlatBuffers, list[list[Tensor]], int]:
+    """The tuples at ``positions`` (of one device and dtype, the mirrored ones first, sorted by
+    shape) copied into flat tensors, one per role (parameters, gradients, each state), by one
+    ``_foreach_copy_`` per role (in each tensor's logical order, whatever its strides): the flat
+    tensors, the tuples' tensors per role (to copy the new values back to), and the count of
+    elements that take the mirror step (the first ones). The step is elementwise: an element's
+    new value does not depend on its neighbours in the flat tensor. The flat tensors and their
+    pieces in the tensors' shapes are made once per layout (the runs of shapes) and kept in
+    ``buffers`` (the optimizer's; made anew at every call without it): making the pieces costs
+    more host time than the copies."""
     runs: list[tuple[torch.Size, int]] = []  # (shape, count) of consecutive tensors
     bound = 0  # elements that take the mirror step
     last, count = None, 0
@@ -376,32 +428,4 @@ def _compiled_flat_step(
     columns = [list(column) for column in zip(*(tensors[p] for p in positions))]
     for pieces, column in zip(flat.pieces, columns):
         torch._foreach_copy_(pieces, column)
-    if not _compiled_step(descend, flat.flats, packed, order, guard, float(bound)):
-        return False
-    if norm_cap is not None:
-        for rows in flat.rows:
-            # as HAM's _after_step computes it: min(1, norm_cap / norm), a zero tensor keeps 1
-            norms = torch.linalg.vector_norm(rows, dim=1)
-            rows.mul_(torch.clamp(norm_cap / norms.clamp(min=torch.finfo(rows.dtype).tiny), max=1.0)[:, None])
-    for role, (pieces, column) in enumerate(zip(flat.pieces, columns)):
-        if role != 1:  # the gradient is only read
-            torch._foreach_copy_(column, pieces)
-    return True
-
-
-def _compiled_step(
-    descend: Descend, tensors: Sequence[Tensor], packed: _PackedByDevice, order: str, guard: bool, mirrored: float
-) -> bool:
-    """The compiled kernel on 1-D tensors, whose elements below the index ``mirrored`` take the
-    mirror step; False if it is not available."""
-    if "torch.compile" in _failed:
-        return False
-    param, grad, *state = tensors
-    try:
-        _compiled_kernel()(
-            descend, param, grad, tuple(state), packed[param.device, compute_dtype(param.dtype), mirrored], order, guard
-        )
-    except Exception as error:  # noqa: BLE001 - any compiler failure: fall back, loudly
-        _give_up("torch.compile", error, "plain path")
-        return False
-    return True
+    return flat, columns, bound

@@ -36,8 +36,10 @@ LOG2_E = 1.4426950408889634
 # ln(2) split in a part exact in float32 and a remainder (Cody & Waite range reduction).
 LN2_HIGH = 0.693145751953125
 LN2_LOW = 1.428606765330187045e-06
-# exp(x) overflows float32 above ~88.7 and underflows below ~-87.3 (normal range).
-EXP_ARG_MIN, EXP_ARG_MAX = -87.0, 88.0
+# exp(x) overflows float32 above ~88.7 and underflows below ~-87.3 (normal range). Ints, exact as
+# floats: torch.compile(dynamic=True) makes a global float a symbolic input, and a symbolic clamp
+# bound restarts its analysis (a second trace of the whole step).
+EXP_ARG_MIN, EXP_ARG_MAX = -87, 88
 # exp(r) ~ 1 + r + c2 r^2 + c3 r^3 + c4 r^4 + c5 r^5 on |r| <= ln(2) / 2: coefficients fitted
 # for least maximum relative error (1.0e-7 in exact arithmetic, 1.8e-7 evaluated in float32;
 # the degree-6 Taylor polynomial needs one more multiply-add for 2.4e-7).

@@ -12,13 +12,13 @@ import pytest
 from conftest import ROOT
 
 
-def bench(*arguments: str) -> str:
+def bench(*arguments: str, timeout: int = 300) -> str:
     done = subprocess.run(
         [sys.executable, str(ROOT / "bench" / arguments[0]), *arguments[1:]],
         capture_output=True,
         text=True,
         env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"},
-        timeout=300,
+        timeout=timeout,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
@@ -30,8 +30,9 @@ def rows(text: str) -> dict[str, list[str]]:
     return {cells[0]: cells[1:] for cells in (re.split(r"\s{2,}", line.strip()) for line in lines[1:])}
 
 
+@pytest.mark.slow  # HAM's and HORST's first steps compile a 51-entry call each: minutes on 2 cores
 def test_the_host_overhead_case_steps_every_optimizer_beside_adamw_foreach():
-    out = bench("optimizer_step.py", "--case", "host-overhead", "--rounds", "1", "--steps", "1")
+    out = bench("optimizer_step.py", "--case", "host-overhead", "--rounds", "1", "--steps", "1", timeout=1200)
     assert "148 tensors" in out and "target <= 1.20" in out
     table = rows(out)
     assert set(table) == {"AdamW foreach", "HAM (fast path)", "HORST (fast path)"}
@@ -54,3 +55,14 @@ def test_the_cpu_mode_bench_times_each_run_in_both_modes():
     table = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| ") and "---" not in line][1:]
     assert [row[0].strip() for row in table] == ["vit (mnist1d, 40 epochs)", "gpt2 (pydoc, 8 updates)"]
     assert all(float(row[3]) > 0 for row in table)
+
+
+@pytest.mark.slow  # ~2 min: eight short runs, two at a time
+def test_the_engine_cost_bench_compares_both_engines_side_by_side():
+    out = bench("engine_cost.py", "--quick")
+    assert "two runs side by side" in out and "reproducible CPU mode True" in out
+    table = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| ") and "---" not in line]
+    costs, finals = table[1:3], table[4:]
+    assert [row[0].strip() for row in costs] == ["vit (mnist1d, 4 epochs)", "gpt2 (pydoc, 4 updates)"]
+    assert all(float(row[5]) > 0 for row in costs)  # runs per hour, fast / reference
+    assert [row[1].strip() for row in finals] == ["top-1", "dense perplexity"]

@@ -6,6 +6,7 @@ where a cluster's admin reads it."""
 from __future__ import annotations
 
 import re
+import subprocess
 
 from conftest import ROOT
 
@@ -45,3 +46,35 @@ def test_the_driver_the_wheels_need_is_stated_beside_the_image():
     need = MIN_DRIVER[lock_cuda_major()]
     assert f">= {need}" in DOCKERFILE
     assert f"driver >= {need}" in (ROOT / "README.md").read_text()
+
+
+def pip_install_line(torch: str) -> list[str]:
+    """The image's pip install as its shell (/bin/sh, as docker's RUN) expands it for a TORCH build arg."""
+    run = re.search(r"^RUN (pip install -r .*?)(?<!\\)$", DOCKERFILE, re.M | re.S).group(1).replace("\\\n", " ")
+    done = subprocess.run(
+        ["/bin/sh", "-c", f'set -- {run}; printf "%s\\n" "$@"'],
+        env={"TORCH": torch},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout.split()
+
+
+def test_the_image_installs_the_lock_or_torch_for_an_older_driver_beside_the_rest_of_it():
+    assert re.search(r"^ARG TORCH=$", DOCKERFILE, re.M)
+    assert pip_install_line("") == ["pip", "install", "-r", "/workspace/requirements.lock"]
+    pins = re.findall(r"^torch(?:vision)?==\S+", (ROOT / "constraints.txt").read_text(), re.M)
+    assert pip_install_line("cu126") == [
+        "pip", "install", "-r", "/workspace/requirements-no-torch.lock",
+        "--extra-index-url", "https://download.pytorch.org/whl/cu126", *[f"{pin}+cu126" for pin in pins],
+    ]  # fmt: skip
+    assert "docker build --build-arg TORCH=cu126" in DOCKERFILE
+
+
+def test_the_documented_run_line_gives_the_workers_shared_memory_and_locked_pages():
+    """Docker's /dev/shm is 64 MB: DataLoader workers and NCCL need the host's (or a larger one)."""
+    for text in (DOCKERFILE, (ROOT / "README.md").read_text()):
+        (line,) = re.findall(r"docker run [^\n`]*", text)
+        assert "--ipc=host" in line or "--shm-size" in line, line
+        assert "--ulimit memlock=-1" in line and "--gpus all" in line

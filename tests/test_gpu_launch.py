@@ -38,6 +38,14 @@ def test_device_cuda_with_a_driver_too_old_names_the_driver_torchs_cuda_and_the_
     assert "\n" not in message
     assert "NVIDIA driver 550.54.15 is too old" in message and "CUDA 13.0" in message
     assert f">= {MIN_DRIVER[13]}" in message and "device=cpu" in message
+    assert "make venv TORCH=cu126" in message  # a CUDA 12 build runs on this driver
+
+
+def test_a_driver_too_old_for_cuda_12_too_is_not_sent_to_the_cuda_12_build(cuda_broken, monkeypatch):
+    monkeypatch.setattr(env, "nvidia_driver", lambda: "470.256.02")
+    with pytest.raises(RunError) as error:
+        select_device("cuda")
+    assert "update the driver" in str(error.value) and "TORCH=cu126" not in str(error.value)
 
 
 @pytest.mark.parametrize(
@@ -212,3 +220,80 @@ def test_gpt2_with_compile_and_no_compiler_stops_at_start_up_in_one_line(no_comp
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("error: compile=true, but torch.compile needs a C++ compiler")
     assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_compile_without_pythons_headers_says_so_beside_the_compiler_check(monkeypatch, tmp_path, device):
+    """Triton and Inductor build Python extension modules: without Python.h (a python3.11 without
+    its -dev package) the first compiled step fails deep inside them."""
+    assert env.python_headers().is_file()  # this machine's, where sysconfig says
+    monkeypatch.setattr(env.sysconfig, "get_paths", lambda: {"include": str(tmp_path)})
+    problem = env.compile_problem(device)
+    assert problem == (
+        f"torch.compile needs Python's headers and {tmp_path / 'Python.h'} is missing; install them "
+        f"(apt install python{env.sysconfig.get_python_version()}-dev) or use compile=false"
+    )
+
+
+# ------------------------------------------------------------------------------ /dev/shm
+
+DEIT_BATCH = env.image_batch_bytes(128, 3, 224)  # one worker's DeiT batch of 128 images
+
+
+def test_a_deit_batch_is_77_mb():
+    assert DEIT_BATCH == 128 * 3 * 224 * 224 * 4 and round(DEIT_BATCH / 1e6) == 77
+    assert env.image_batch_bytes(2, 1, (1, 40)) == 2 * 40 * 4
+
+
+def test_workers_whose_batches_do_not_fit_in_dockers_64_mb_of_shared_memory_stop_in_one_line(monkeypatch):
+    usage = shutil.disk_usage("/")
+    monkeypatch.setattr(env.shutil, "disk_usage", lambda path: usage._replace(total=64 * 2**20, free=64 * 2**20))
+    problem = env.shared_memory_problem(DEIT_BATCH, workers=8, prefetch=4)
+    assert "\n" not in problem
+    assert problem.startswith("8 DataLoader workers hold 4 batches of 74 MiB each in /dev/shm (2352 MiB)")
+    assert "64 MiB free" in problem and "--ipc=host" in problem and "--ulimit memlock=-1" in problem
+    assert env.shared_memory_problem(DEIT_BATCH, workers=0, prefetch=4) is None  # no workers: no shared memory
+    monkeypatch.setattr(env.shutil, "disk_usage", lambda path: usage._replace(free=3 * 2**30))
+    assert env.shared_memory_problem(DEIT_BATCH, workers=8, prefetch=4) is None  # --ipc=host: the host's
+    assert env.shared_memory_problem(DEIT_BATCH, workers=8, prefetch=4, processes=2) is not None  # two ranks, one node
+
+
+def test_a_missing_shared_memory_folder_is_no_problem(tmp_path):
+    assert env.shared_memory_problem(DEIT_BATCH, workers=2, prefetch=4, path=tmp_path / "none") is None
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A real 64 MB tmpfs, Docker's /dev/shm (needs root: mount)."""
+    folder = tmp_path / "shm"
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", folder], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    yield folder
+    subprocess.run(["umount", folder], check=True)
+
+
+def test_the_check_reads_a_real_64_mb_tmpfs(small_tmpfs):
+    assert shutil.disk_usage(small_tmpfs).free == 64 * 2**20
+    problem = env.shared_memory_problem(DEIT_BATCH, workers=1, prefetch=4, path=small_tmpfs)
+    assert f"in {small_tmpfs} (294 MiB), which has 64 MiB free" in problem
+    assert env.shared_memory_problem(env.image_batch_bytes(16, 3, 224), workers=1, prefetch=4, path=small_tmpfs) is None
+
+
+@pytest.mark.slow  # imports the whole ViT pipeline
+def test_a_vit_run_whose_workers_do_not_fit_in_shared_memory_stops_at_start_up_in_one_line(
+    tmp_path, monkeypatch, capsys
+):
+    """The default ViT run with two workers in a 64 MB /dev/shm (Docker's, as disk_usage reports
+    it): one line naming the fix and exit 2, before a worker starts or a batch is made."""
+    usage = shutil.disk_usage("/")
+    monkeypatch.setattr(env.shutil, "disk_usage", lambda path: usage._replace(total=64 * 2**20, free=64 * 2**20))
+    train_vit = _load_entry_point("train_vit")
+    argv = ["train_vit.py", "data.num_workers=2", "model.img_size=224", "model.patch_size=16", "train.batch_size=512"]
+    monkeypatch.setattr(sys, "argv", [*argv, f"hydra.run.dir={tmp_path / 'run'}"])
+    with pytest.raises(SystemExit) as exit_info:
+        train_vit.main()
+    assert exit_info.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: 2 DataLoader workers hold 4 batches of ") and "--ipc=host" in line

@@ -3,7 +3,8 @@ skipped). ``make gpu-check`` runs these with the benchmarks' ``--device cuda`` r
 ``results/bench/gpu.md``.
 
 * The fast path on CUDA (``torch.compile``/Triton) against the plain path and a float64 run, for
-  every optimizer, fp32 and bf16 parameters;
+  every optimizer, fp32 and bf16 parameters; its one call over all tensors against each tensor
+  stepped alone, bit for bit;
 * state dicts saved on CUDA load on CPU and back (torch's ``test_cpu_load_state_dict``), and a
   tensor lr on CUDA;
 * AC/DC on CUDA: pruned weights stay exactly zero through masked HORST steps and may grow back
@@ -65,6 +66,28 @@ def test_cuda_fast_path_matches_plain_path_and_float64(name, dtype):
     plain_error = _relative_error(plain, float64, initial)
     # bf16 rounding of a weight (2**-8 relative) exceeds five small updates: judged against the plain path
     assert _relative_error(fast, float64, initial) <= 2 * plain_error + (1e-3 if dtype == torch.float32 else 5e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_cuda_one_compiled_call_over_all_tensors_is_each_tensor_stepped_alone(dtype):
+    """The compiled path's one call (small tensors as flat copies, large ones in place) gives each
+    tensor bit for bit what the same kernel gives it alone: the step is elementwise."""
+
+    def train(alone: bool) -> list[torch.Tensor]:
+        generator = torch.Generator().manual_seed(0)
+        params = [torch.nn.Parameter((torch.randn(s, generator=generator) * 0.1).to(CUDA, dtype)) for s in SHAPES]
+        grads = [[torch.randn(s, generator=generator) * 1e-2 for s in SHAPES] for _ in range(3)]
+        optimizers = [OPTIMIZERS["HAM"]([p], True) for p in params] if alone else [OPTIMIZERS["HAM"](params, True)]
+        for step_grads in grads:
+            for p, g in zip(params, step_grads):
+                p.grad = g.to(CUDA, dtype)
+            for optimizer in optimizers:
+                optimizer.step()
+        return [p.detach().cpu() for p in params]
+
+    for together, alone in zip(train(alone=False), train(alone=True)):
+        assert torch.equal(together, alone)
+    assert not _fast_path._failed
 
 
 def test_cuda_state_dict_loads_on_cpu_and_back():

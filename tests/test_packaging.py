@@ -16,6 +16,7 @@ import sysconfig
 import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -63,8 +64,25 @@ def test_environment_yml_and_the_dockerfile_install_the_lock():
     pip = next(d["pip"] for d in spec if isinstance(d, dict))
     assert "python=3.11" in spec and pip == ["-r requirements.lock"]
     docker = (ROOT / "Dockerfile").read_text()
-    assert re.search(r"^COPY requirements.lock (\S+)$", docker, re.M)
-    assert re.search(r"^RUN pip install -r \S*requirements.lock$", docker, re.M)
+    for lock in ("requirements.lock", "requirements-no-torch.lock"):
+        assert re.search(rf"^COPY {lock} (\S+)$", docker, re.M)
+    # the install itself: tests/test_dockerfile.py expands it as the image's shell does
+
+
+def test_environment_yml_names_the_install_for_an_older_driver():
+    """Its comment's pip section for a driver older than CUDA 13's, uncommented, is the
+    constraints' torch and torchvision built for CUDA 12.6 and the lock without torch."""
+    text = (ROOT / "environment.yml").read_text()
+    lines = re.findall(r"^#\s+(- .*)$", text, re.M)
+    assert yaml.safe_load("\n".join(lines)) == [
+        "--extra-index-url https://download.pytorch.org/whl/cu126",
+        *[
+            f"{pin}+cu126"
+            for pin in re.findall(r"^torch(?:vision)?==\S+", (ROOT / "constraints.txt").read_text(), re.M)
+        ],
+        "-r requirements-no-torch.lock",
+    ]
+    assert "make venv TORCH=cu126" in text
 
 
 def test_make_installs_the_pipelines_and_the_dev_tools():
@@ -169,3 +187,115 @@ def test_wheel_installs_with_torch_alone_and_takes_a_step(tmp_path):
     assert visible == set(requirements) | {"horst-sparse"}  # ... or is installed
     assert [r for r in seen["requires"] if "extra ==" not in r] == ["torch>=2.4"]
     assert sysconfig.get_path("purelib") not in site
+
+
+# ------------------------------------------------------------------------------ torch for older drivers
+
+CUDA_WHEELS = ("nvidia-", "cuda-")  # and triton: what torch's CUDA build brings
+
+
+def lock_entries(name: str) -> dict[str, tuple[str, list[str]]]:
+    """A lock's entries: name -> (version, the packages it is "via")."""
+    entries: dict[str, tuple[str, list[str]]] = {}
+    current = None
+    for line in (ROOT / name).read_text().splitlines():
+        if line and not line.startswith((" ", "#")):
+            package, version = line.split("==")
+            current = canonicalize_name(package)
+            entries[current] = (version.strip(), [])
+        elif current and line.strip().startswith("#"):
+            text = line.strip().lstrip("#").strip()
+            via = text.removeprefix("via").strip()
+            if via and not via.startswith("-r"):
+                entries[current][1].append(canonicalize_name(via))
+    return entries
+
+
+def test_the_lock_without_torch_is_the_full_lock_less_torch_and_its_cuda_wheels():
+    full, rest = lock_entries("requirements.lock"), lock_entries("requirements-no-torch.lock")
+    left_out = set(full) - set(rest)
+    assert left_out == {n for n in full if n in ("torch", "torchvision", "triton") or n.startswith(CUDA_WHEELS)}
+    assert not set(rest) - set(full)
+    assert {n: full[n][0] for n in rest} == {n: v for n, (v, _) in rest.items()}  # every other pin the same
+    for name in left_out - {"torch", "torchvision"}:  # needed by nothing the other lock keeps
+        assert set(full[name][1]) <= left_out, (name, full[name][1])
+    assert {"sympy", "networkx", "jinja2", "filelock"} <= set(rest)  # torch's own pure-Python requirements stay pinned
+
+
+def make_venv_lines(*variables: str) -> list[str]:
+    done = subprocess.run(
+        ["make", "-n", "venv", "VENV=/tmp/never", *variables], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    return done.stdout.splitlines()
+
+
+def test_make_venv_torch_cu126_takes_the_pinned_torch_built_for_cuda_12_6_and_the_rest_from_the_lock():
+    lines = make_venv_lines("TORCH=cu126")
+    (torch_line,) = [line for line in lines if "download.pytorch.org" in line]
+    assert "--extra-index-url https://download.pytorch.org/whl/cu126 " in torch_line
+    assert torch_line.endswith("-c requirements-no-torch.lock torch==2.14.1+cu126 torchvision==0.29.1+cu126")
+    # then the project, its torch kept (2.14.1+cu126 is ==2.14.1) and everything else pinned by the lock
+    assert lines[-2].endswith("-c constraints.txt -c requirements-no-torch.lock -e '.[dev,pipelines]'")
+    assert lines.index(torch_line) < len(lines) - 2
+    assert not any("--system-site-packages" in line for line in lines)
+
+
+def test_make_venv_without_torch_keeps_the_default_install():
+    lines = make_venv_lines()
+    assert not any("download.pytorch.org" in line or "no-torch" in line for line in lines)
+    assert lines[-2].endswith("-m pip install --quiet -c constraints.txt -e '.[dev,pipelines]'")
+
+
+@pytest.mark.slow  # a real venv and a real install of every pinned package but torch (~3 min)
+def test_make_venv_torch_site_installs_nothing_over_the_torch_the_interpreter_has(tmp_path):
+    """`make venv TORCH=site` over an interpreter that has torch, run for real: a venv with
+    --system-site-packages and the project with every pipeline package installed into it. The
+    torch is this environment's, made visible through PYTHONPATH (as a module system does; the
+    system's own site-packages is not written to here). The venv holds no torch, triton or CUDA
+    wheel of its own, imports that torch, and the rest is at the lock's versions."""
+    torch_only = tmp_path / "site"
+    expose(torch_and_its_requirements(), torch_only)
+    venv = tmp_path / "venv"
+    environment = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "VIRTUAL_ENV", "MAKEFLAGS")}
+    environment["PYTHONPATH"] = str(torch_only)
+    python = f"{sys.base_prefix}/bin/python3.11"
+    done = subprocess.run(
+        ["make", "venv", "TORCH=site", f"VENV={venv}", f"PYTHON={python}"],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "include-system-site-packages = true" in (venv / "pyvenv.cfg").read_text()
+    assert f"torch=={importlib.metadata.version('torch')}" in (venv / "site-torch.txt").read_text().split()
+    check = "import json, torch, horst, timm; print(json.dumps([torch.__file__, horst.__file__]))"
+    torch_file, horst_file = json.loads(
+        subprocess.run(
+            [venv / "bin" / "python", "-c", check], env=environment, capture_output=True, text=True, check=True
+        ).stdout
+    )
+    assert Path(torch_file).is_relative_to(torch_only) and Path(horst_file).is_relative_to(ROOT)
+    (site,) = (venv / "lib").glob("python3.*/site-packages")
+    listed = subprocess.run(
+        [venv / "bin" / "python", "-m", "pip", "list", "--format", "json", "--path", site],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    installed = {canonicalize_name(item["name"]): item["version"] for item in json.loads(listed)}
+    assert "timm" in installed and "horst-sparse" in installed
+    assert not {n for n in installed if n in ("torch", "triton") or n.startswith(CUDA_WHEELS)}
+    rest = lock_entries("requirements-no-torch.lock")
+    installed = {n: v for n, v in installed.items() if n not in ("pip", "setuptools")}  # the venv's own (ensurepip)
+    assert {n: v for n, v in installed.items() if n in rest} == {n: rest[n][0] for n in installed if n in rest}
+    # and the interpreter without torch: one line naming the fix, no venv left behind
+    done = subprocess.run(
+        ["make", "venv", "TORCH=site", f"VENV={tmp_path / 'bare'}", f"PYTHON={python}"],
+        cwd=ROOT,
+        env={**environment, "PYTHONPATH": ""},
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode != 0 and not (tmp_path / "bare").exists()
+    assert "make venv TORCH=site: " in done.stderr and "has no torch" in done.stderr

@@ -1,10 +1,13 @@
 """horst_sparse.training.distributed: launcher discovery from torchrun / SLURM variables, and what
 `parallelize` and its helpers do in a single process (no process group; the 2-process
-ddp/fsdp2 runs are in test_gpt2_fsdp.py and test_training_checkpoint.py)."""
+ddp/fsdp2 runs are in test_gpt2_fsdp.py and test_training_checkpoint.py), and the timeout of a
+real 2-process group."""
 
 from __future__ import annotations
 
 import os
+import socket
+from pathlib import Path
 
 import pytest
 
@@ -97,6 +100,7 @@ def test_a_rank_bound_to_one_gpu_starts_nccl_on_the_gpu_it_sees(monkeypatch, two
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # SLURM's --gpus-per-task=1
     assert init_distributed("cuda") == DistInfo(rank=1, world_size=2, local_rank=3)
     assert two_cuda_ranks["backend"] == "nccl" and two_cuda_ranks["device_id"] == torch.device("cuda", 0)
+    assert two_cuda_ranks["timeout"] == distributed.PROCESS_GROUP_TIMEOUT
 
 
 def test_ranks_on_cuda_without_cuda_stop_in_one_line_before_nccl(monkeypatch, two_cuda_ranks):
@@ -122,3 +126,31 @@ def test_one_process_trains_the_model_itself_and_accumulates_gradients():
         with gradient_sync(train_model, last):
             train_model(x).sum().backward()
     assert torch.equal(model.weight.grad, torch.full((2, 3), 2.0))
+
+
+def _start_and_report_the_timeout(rank: int, port: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank), LOCAL_RANK="0")
+    import torch
+
+    init_distributed("cpu")
+    try:
+        backend = distributed.dist.group.WORLD._get_backend(torch.device("cpu"))
+        Path(out, str(rank)).write_text(str(backend.options._timeout.total_seconds()))
+        distributed.barrier()
+    finally:
+        distributed.shutdown_distributed()
+
+
+def test_the_process_group_waits_the_stated_timeout_for_every_rank(tmp_path):
+    """Two real processes start their gloo group as a run does: its collectives wait
+    PROCESS_GROUP_TIMEOUT, not torch's default (NCCL's 10 minutes would end a run whose rank 0
+    lists ImageNet on a network file system while the others wait)."""
+    import torch.multiprocessing
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    torch.multiprocessing.spawn(_start_and_report_the_timeout, args=(port, str(tmp_path)), nprocs=2)
+    stated = distributed.PROCESS_GROUP_TIMEOUT.total_seconds()
+    assert stated >= 30 * 60
+    assert [float((tmp_path / str(rank)).read_text()) for rank in range(2)] == [stated, stated]

@@ -22,6 +22,7 @@ from horst_sparse.training.config import (
     validate_sparsities,
 )
 from horst_sparse.training.distributed import STRATEGIES
+from horst_sparse.training.engine import check_engine
 from horst_sparse.training.env import compile_problem, device_type
 from horst_sparse.training.optim import check_optimizer
 from horst_sparse.training.presets import register_help
@@ -102,6 +103,7 @@ class GPT2RunConfig(RunConfig):
     eval: LMEvalConfig = MISSING
     prune: OneShotPruneConfig = MISSING
     export: ExportConfig = MISSING
+    engine: str = MISSING  # reference | fast (horst_sparse.training.engine)
 
 
 def register_configs() -> None:
@@ -121,6 +123,7 @@ def validate(cfg: DictConfig, *, world_size: int) -> None:
     check_known_keys(cfg, GPT2RunConfig)
     check_known_keys(cfg.model, GPT2ModelConfig, prefix="model.")
     validate_run(cfg)
+    check_engine(cfg)
     m, t = cfg.model, cfg.train
     require(cfg.distributed in STRATEGIES, f"distributed={cfg.distributed!r} is unknown; use {' or '.join(STRATEGIES)}")
     if cfg.distributed == "fsdp2":

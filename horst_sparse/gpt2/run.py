@@ -21,6 +21,7 @@ from horst_sparse.gpt2.export import export_gpt2
 from horst_sparse.gpt2.model import VOCAB_MULTIPLE, build_model, flops_per_token, lm_loss, peak_flops
 from horst_sparse.training.checkpoint import CheckpointError
 from horst_sparse.training.distributed import all_reduce_mean, gradient_sync, parallelize, unsharded
+from horst_sparse.training.engine import optimizer_overrides, use_engine_
 from horst_sparse.training.env import autocast
 from horst_sparse.training.optim import build_optimizer
 from horst_sparse.training.run_log import optimizer_label, progress_bar
@@ -63,7 +64,8 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
     vocab_multiple = VOCAB_MULTIPLE if device.type == "cuda" else 1
 
     def build() -> torch.nn.Module:
-        return build_model(cfg.model, vocab_size=data.vocab_size, vocab_multiple=vocab_multiple).to(device)
+        model = build_model(cfg.model, vocab_size=data.vocab_size, vocab_multiple=vocab_multiple).to(device)
+        return use_engine_(model, cfg.engine)
 
     model = build()
     # ddp: `train_model` wraps `model`; fsdp2: both are `model`, its weights sharded in place (before the optimizer).
@@ -71,7 +73,9 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
         model, cfg.distributed, info=dist, device=device, compile=cfg.compile, blocks=model.transformer.h
     )
     prunable = pruning.prunable_parameters(model, cfg.prune.preset)
-    optimizer = build_optimizer(cfg.optimizer, model, lr=t.lr, prunable_names=prunable.keys())
+    optimizer = build_optimizer(
+        cfg.optimizer, model, lr=t.lr, prunable_names=prunable.keys(), **optimizer_overrides(cfg.engine)
+    )
     scheduler = build_lr_scheduler(
         optimizer, total_steps=t.max_steps, warmup_steps=t.warmup_steps, min_lr=t.min_lr, warmup_lr=t.warmup_lr
     )

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import os
 import random
 import sys
@@ -37,6 +38,10 @@ from horst_sparse.training.config import RunError
 from horst_sparse.training.env import cuda_device, cuda_problem
 
 STRATEGIES = ("ddp", "fsdp2")
+# How long a collective waits for every rank before the run fails. Longer than torch's default
+# (10 minutes for NCCL): the other ranks wait in a barrier while rank 0 lists ImageNet's 1.28M
+# files once (minutes on a network file system); a rank that dies still ends the job at once.
+PROCESS_GROUP_TIMEOUT = datetime.timedelta(minutes=30)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +103,9 @@ def init_distributed(device_type: str) -> DistInfo:
             raise RunError(f"device=cuda, but {problem}")
         backend = "nccl" if device_type == "cuda" else "gloo"
         device_id = cuda_device(info.local_rank) if device_type == "cuda" else None
-        dist.init_process_group(backend=backend, rank=info.rank, world_size=world_size, device_id=device_id)
+        dist.init_process_group(
+            backend=backend, rank=info.rank, world_size=world_size, device_id=device_id, timeout=PROCESS_GROUP_TIMEOUT
+        )
     return info
 
 

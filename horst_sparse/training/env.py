@@ -7,7 +7,10 @@ import os
 import random
 import shutil
 import subprocess
+import sysconfig
 import warnings
+from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -32,17 +35,25 @@ def seed_everything(seed: int, *, deterministic: bool = False) -> None:
         torch.backends.cudnn.allow_tf32 = True
 
 
-def seed_rngs(seed: int) -> None:
-    """Seed python's, numpy's and torch's (every device's) random number generators."""
+def seed_rngs(seed: int, *, cpu_only: bool = False) -> None:
+    """Seed python's, numpy's and torch's (every device's) random number generators; `cpu_only`:
+    torch's CPU generator alone, the only one a CPU run draws from (`torch.manual_seed` also
+    queues a seed for every CUDA device, with a stack trace, even where CUDA never starts)."""
     random.seed(seed)
     np.random.seed(seed)
-    torch.manual_seed(seed)
+    if cpu_only:
+        torch.default_generator.manual_seed(seed)
+    else:
+        torch.manual_seed(seed)
 
 
 # The oldest Linux driver that runs each CUDA major (NVIDIA's CUDA toolkit release notes: 13.0 GA
 # needs 580.65.06, any 12.x 525.60.13 by minor-version compatibility). The pinned torch is a CUDA 13.0
 # build (requirements.lock); the Dockerfile and the README state its line (tests/test_dockerfile.py).
 MIN_DRIVER = {12: "525.60.13", 13: "580.65.06"}
+# The install for a driver older than the pinned torch's CUDA: the same torch built for CUDA 12.6
+# (the Makefile's TORCH), everything else as locked.
+OLD_DRIVER_INSTALL = "make venv TORCH=cu126"
 
 
 def nvidia_driver() -> str | None:
@@ -84,7 +95,10 @@ def cuda_problem() -> str | None:
     if driver is None:
         return f"no NVIDIA driver answers here (nvidia-smi); {built}; run on a GPU node, {cpu_fix}"
     if need and _version(driver) < _version(need):
-        return f"NVIDIA driver {driver} is too old: {built}; update the driver, {cpu_fix}"
+        fix = "update the driver"
+        if need != MIN_DRIVER[12] and _version(driver) >= _version(MIN_DRIVER[12]):
+            fix = f"install torch's CUDA 12.6 build ({OLD_DRIVER_INSTALL}), {fix}"
+        return f"NVIDIA driver {driver} is too old: {built}; {fix}, {cpu_fix}"
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     return (
         f"CUDA sees no GPU (NVIDIA driver {driver}, CUDA_VISIBLE_DEVICES={visible!r}; {built}); "
@@ -92,11 +106,22 @@ def cuda_problem() -> str | None:
     )
 
 
+def python_headers() -> Path:
+    """Where Python.h must be for this interpreter (what Triton and Inductor compile against)."""
+    return Path(sysconfig.get_paths()["include"]) / "Python.h"
+
+
 def compile_problem(device_type: str) -> str | None:
     """Why torch.compile cannot build kernels for `device_type` here, as one sentence naming the
     fix; None where it can. Inductor compiles CPU kernels with a C++ compiler (its own search:
     $CXX, else g++), and Triton builds its CUDA launchers with a C compiler ($CC, else gcc or
-    clang, as triton.runtime.build looks); without one the first step fails deep in either."""
+    clang, as triton.runtime.build looks); both build Python extension modules, against Python's
+    headers (sysconfig's include path). Without either the first step fails deep in them."""
+    if not python_headers().is_file():
+        return (
+            f"torch.compile needs Python's headers and {python_headers()} is missing; install them "
+            f"(apt install python{sysconfig.get_python_version()}-dev) or use compile=false"
+        )
     if device_type == "cuda":
         found = os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang")
         needed = "a C compiler for Triton ($CC, gcc or clang)"
@@ -159,3 +184,38 @@ def device_type(name: str) -> str:
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return name
+
+
+SHARED_MEMORY = Path("/dev/shm")
+
+
+def image_batch_bytes(batch_size: int, channels: int, img_size: int | Sequence[int]) -> int:
+    """The bytes of one batch of float32 images (``img_size``: n, square, or (height, width)), as a
+    DataLoader worker hands it over."""
+    height, width = (img_size, img_size) if isinstance(img_size, int) else img_size
+    return batch_size * channels * height * width * 4
+
+
+def shared_memory_problem(
+    batch_bytes: int, *, workers: int, prefetch: int, processes: int = 1, path: Path = SHARED_MEMORY
+) -> str | None:
+    """Why DataLoader workers cannot hand their batches over here, as one sentence naming the
+    fix; None where they can (or with no workers, or no `path`). Workers pass each batch
+    through shared memory (`path`, a tmpfs): `processes` x `workers` x `prefetch` batches of
+    `batch_bytes` at once. Docker gives a container 64 MB there; a batch that does not fit
+    kills the first step with a bus error."""
+    if workers == 0:
+        return None
+    try:
+        free = shutil.disk_usage(path).free
+    except OSError:  # no /dev/shm (not Linux): torch uses its own file-descriptor scheme
+        return None
+    need = processes * workers * prefetch * batch_bytes
+    if need <= free:
+        return None
+    mib = 2**20
+    return (
+        f"{processes * workers} DataLoader workers hold {prefetch} batches of {batch_bytes / mib:.0f} MiB each in "
+        f"{path} ({need / mib:.0f} MiB), which has {free / mib:.0f} MiB free; in Docker run with --ipc=host "
+        "(or --shm-size) and --ulimit memlock=-1, else lower data.num_workers or the batch size"
+    )

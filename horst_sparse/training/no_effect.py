@@ -26,6 +26,8 @@ NO_EFFECT = (
     # environment does, horst_sparse.cpu_mode), and the mode changes rounding only
     "reproducible_cpu",
     "compile",
+    # which kernels compute the same functions on the same batches (horst_sparse.training.engine): rounding only
+    "engine",
     # the ViT's micro-batches per update: the same global batch, accumulated (summation order only)
     "train.accum_steps",
     "model.max_images_per_pass",  # a guard on the passes' size, checked before any work

@@ -161,10 +161,12 @@ def build_optimizer(
     lr: float,
     prunable_names: Collection[str] = (),
     lr_key: str | None = None,
+    **overrides: Any,
 ) -> torch.optim.Optimizer:
     """The optimizer of `node` over `model`'s param groups, at learning rate `lr` (the value of the
-    pipeline's `lr_key`)."""
-    settings = _settings(node)
+    pipeline's `lr_key`); `overrides` replace the node's keyword arguments (the engine's,
+    `horst_sparse.training.engine.optimizer_overrides`)."""
+    settings = {**_settings(node), **overrides}
     choice = settings.get("hyperbolic_params")
     if choice is None:
         hyperbolic = None

@@ -24,6 +24,7 @@ from horst_sparse.training.config import (
     run_schema,
     validate_run,
 )
+from horst_sparse.training.engine import check_engine
 from horst_sparse.training.optim import check_optimizer
 from horst_sparse.training.presets import presets, register_help
 from horst_sparse.vit.model import pair
@@ -117,6 +118,7 @@ class ViTRunConfig(RunConfig):
     aug: AugConfig = MISSING
     train: ViTTrainConfig = MISSING
     acdc: ACDCConfig = MISSING
+    engine: str = MISSING  # reference | fast (horst_sparse.training.engine)
 
 
 EVAL_SPLITS = ("validation", "test")
@@ -345,3 +347,4 @@ def validate(cfg: DictConfig, *, world_size: int) -> None:
     acdc_schedule(c, epochs=t.epochs)
 
     validate_run(cfg)
+    check_engine(cfg)

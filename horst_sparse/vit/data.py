@@ -26,7 +26,7 @@ import os
 import random
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -169,6 +169,11 @@ class Mnist1DDataset(Dataset):
 
     def __getitem__(self, index: int):
         return self.inputs[index], self.targets[index]
+
+    def batch(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The items at `indices` as one batch by indexing: what the DataLoader collates from
+        them one by one, bit for bit (no transform draws from any generator)."""
+        return self.inputs[indices], torch.as_tensor(self.targets)[indices]
 
 
 def check_imagefolder_root(root: str | None) -> list[str]:
@@ -603,6 +608,16 @@ class _Loader(DataLoader):
             return super().__iter__()
 
 
+class _Batches:
+    """`in_memory_batches` of a whole data set in order, on every iteration."""
+
+    def __init__(self, dataset: Dataset, batch_size: int) -> None:
+        self.dataset, self.batch_size = dataset, batch_size
+
+    def __iter__(self) -> Iterator:
+        return in_memory_batches(self.dataset, torch.arange(len(self.dataset)), self.batch_size)
+
+
 class TrainLoader:
     """Shuffled, drop-last batches of one process; `epoch(e, start=b)` returns the loader of
     epoch e from its batch b on.
@@ -625,10 +640,13 @@ class TrainLoader:
         repeated_aug: int,
         num_workers: int,
         pin_memory: bool,
+        in_memory: bool = False,
     ) -> None:
         from torch.utils.data import DistributedSampler
 
         self.dataset, self.batch_size, self.seed, self.rank = dataset, batch_size, seed, rank
+        # engine=fast: a single process over a data set held as tensors indexes its batches (`in_memory_batches`)
+        self.in_memory = in_memory and world_size == 1 and hasattr(dataset, "batch")
         self.order = None  # single process: a permutation per epoch
         if world_size > 1:
             if repeated_aug > 1:
@@ -656,7 +674,10 @@ class TrainLoader:
         batches before are not loaded, and the ones after are what they are in a whole epoch."""
         if self.order is None:
             shuffle = torch.Generator().manual_seed(epoch_seed(self.seed, epoch))
-            order = torch.randperm(len(self.dataset), generator=shuffle).tolist()
+            order = torch.randperm(len(self.dataset), generator=shuffle)
+            if self.in_memory:  # no transform: the per-image seeds below are never read
+                return in_memory_batches(self.dataset, order[: len(self) * self.batch_size], self.batch_size, start)
+            order = order.tolist()
         else:
             # The sampler's shuffle seed: the same on every process, different for every run seed.
             self.order.set_epoch(epoch_seed(self.seed, epoch))
@@ -667,9 +688,24 @@ class TrainLoader:
         return self.loader
 
 
+def in_memory_batches(dataset: Dataset, order: torch.Tensor, batch_size: int, start: int = 0) -> Iterator:
+    """The batches of `dataset` (one with a `batch(indices)` method) in `order`, from batch `start` on."""
+    return (dataset.batch(indices) for indices in order[start * batch_size :].split(batch_size))
+
+
 def eval_loader(
-    dataset: Dataset, *, batch_size: int, rank: int, world_size: int, num_workers: int, pin_memory: bool
-) -> DataLoader:
-    """Every validation image exactly once over all processes (strided shards, no padding)."""
+    dataset: Dataset,
+    *,
+    batch_size: int,
+    rank: int,
+    world_size: int,
+    num_workers: int,
+    pin_memory: bool,
+    in_memory: bool = False,
+) -> Iterable:
+    """Every validation image exactly once over all processes (strided shards, no padding);
+    `in_memory` (engine=fast), a single process over a data set held as tensors: its batches by indexing."""
+    if in_memory and world_size == 1 and hasattr(dataset, "batch"):
+        return _Batches(dataset, batch_size)
     shard = Subset(dataset, range(rank, len(dataset), world_size)) if world_size > 1 else dataset
     return _Loader(shard, batch_size=batch_size, shuffle=False, num_workers=num_workers, pin_memory=pin_memory)

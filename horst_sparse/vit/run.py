@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import time
 from pathlib import Path
 
@@ -23,15 +24,17 @@ from torch.nn.parallel import DistributedDataParallel
 
 import pruning
 from horst_sparse.training.checkpoint import CheckpointError
-from horst_sparse.training.config import ConfigError
+from horst_sparse.training.config import ConfigError, RunError
 from horst_sparse.training.distributed import all_reduce_mean
-from horst_sparse.training.env import autocast, seed_rngs
+from horst_sparse.training.engine import optimizer_overrides, use_engine_
+from horst_sparse.training.env import autocast, image_batch_bytes, seed_rngs, shared_memory_problem
 from horst_sparse.training.optim import build_optimizer
 from horst_sparse.training.run_log import RunLogger, optimizer_label, progress_bar
 from horst_sparse.training.runner import Run
 from horst_sparse.training.schedule import build_lr_scheduler
 from horst_sparse.vit.config import acdc_schedule, prunable_set, scaled_lr
 from horst_sparse.vit.data import (
+    PREFETCH_FACTOR,
     ImageData,
     TrainLoader,
     build_datasets,
@@ -164,8 +167,17 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
     )
     dist, device, t, acdc = r.dist, r.device, cfg.train, cfg.acdc
     channels_last = device.type == "cuda"
+    cpu_fast = cfg.engine == "fast" and device.type == "cpu"
 
     # ---- data: the same timm pipeline for ImageNet and the digits; test only if reported ------
+    # workers hand their batches (at most 3 channels) over through /dev/shm: 64 MB in Docker
+    if problem := shared_memory_problem(
+        image_batch_bytes(max(t.batch_size // dist.world_size, t.eval_batch_size), 3, cfg.model.img_size),
+        workers=cfg.data.num_workers,
+        prefetch=PREFETCH_FACTOR,
+        processes=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),  # torchrun's ranks on this node
+    ):
+        raise RunError(problem)
     skipped_log = r.run_dir / "skipped_images.txt"  # data.skip_corrupt: the unreadable images met
     data = build_datasets(
         cfg.data, cfg.aug, img_size=cfg.model.img_size, eval_split=cfg.eval_split, skipped_log=skipped_log
@@ -184,6 +196,7 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
         repeated_aug=cfg.data.repeated_aug,
         num_workers=cfg.data.num_workers,
         pin_memory=pin_memory,
+        in_memory=cfg.engine == "fast",
     )
     val_batches = eval_loader(
         val_set,
@@ -192,6 +205,7 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
         world_size=dist.world_size,
         num_workers=cfg.data.num_workers,
         pin_memory=pin_memory,
+        in_memory=cfg.engine == "fast",
     )
     steps_per_epoch = len(train_batches)
     if steps_per_epoch == 0:
@@ -199,13 +213,16 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
 
     # ---- model, prunable set, AC/DC, optimizer, LR schedule ----------------------------------
     model = build_model(cfg.model, num_classes=len(classes), in_chans=data.in_chans).to(device)
+    use_engine_(model, cfg.engine)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
     prunable = prunable_set(model, acdc)
     sparsifier = pruning.Sparsifier(prunable)
     schedule = acdc_schedule(acdc, epochs=t.epochs)
     lr = scaled_lr(t)
-    optimizer = build_optimizer(cfg.optimizer, model, lr=lr, prunable_names=prunable.keys())
+    optimizer = build_optimizer(
+        cfg.optimizer, model, lr=lr, prunable_names=prunable.keys(), **optimizer_overrides(cfg.engine)
+    )
     scheduler = build_lr_scheduler(
         optimizer,
         total_steps=t.epochs * steps_per_epoch,
@@ -277,7 +294,7 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
         # Resumed mid-epoch: from the next batch on, without loading the done ones (TrainLoader).
         for images, targets in train_batches.epoch(epoch, start=batch):
             # Mixing and drop path draw from (seed, epoch, rank, batch): a resumed run replays them.
-            seed_rngs(epoch_seed(cfg.seed, epoch, dist.rank + 1, batch))
+            seed_rngs(epoch_seed(cfg.seed, epoch, dist.rank + 1, batch), cpu_only=cpu_fast)
             images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
             if channels_last:
                 images = images.contiguous(memory_format=torch.channels_last)
@@ -375,6 +392,7 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
             world_size=dist.world_size,
             num_workers=cfg.data.num_workers,
             pin_memory=pin_memory,
+            in_memory=cfg.engine == "fast",
         )
         test = evaluate(forward_model, test_batches, device=device, dtype=r.dtype, channels_last=channels_last)
         final.update(top1=test["top1"], top5=test["top5"])

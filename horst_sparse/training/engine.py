@@ -1,0 +1,128 @@
+"""The compute engine of a run (`engine`): which kernels carry the same training.
+
+* `reference`: torch's defaults, as every run of protocols v1-v6 ran (`results/fingerprint.json`
+  holds its bits).
+* `fast`: the same model, data, batches, schedule and evaluation on cheaper CPU kernels; the
+  numbers differ from `reference` in floating-point rounding only, and are the same bits on any
+  x86 CPU with AVX2 at the same thread count, as `reference`'s are:
+
+  - every `nn.Linear` (and GPT-2's `Conv1D`) multiplies through oneDNN instead of MKL
+    (`_OneDNNLinear`): under the reproducible CPU mode MKL runs its COMPATIBLE branch
+    (`MKL_CBWR=COMPATIBLE,STRICT`), several times slower than oneDNN on the small matrices of
+    the embedded models (results/bench/engine_profile.md); oneDNN is pinned to AVX2 (`ONEDNN_MAX_CPU_ISA=AVX2`) by the same mode,
+    as for the convolutions and GELU it already runs in both engines (horst_sparse.cpu_mode);
+  - GPT-2's tanh GELU as torch's one fused kernel, not six elementwise ops (`_fused_gelu_tanh`);
+  - the optimizer's fast path (`fused=True`: horst's C kernel on the CPU, built by the system C
+    compiler, as the GPT-2 recipe runs it in both engines) instead of the plain eager path;
+  - a data set held in memory as tensors (MNIST-1D) is batched by indexing, not item by item
+    through a DataLoader (`horst_sparse.vit.data.TrainLoader`): the same batches, bit for bit;
+  - a CPU run reseeds only the CPU generator before each ViT batch (`seed_rngs(cpu_only=True)`):
+    the same draws, without queueing a seed for every CUDA device.
+
+`results/bench/engine_cost.txt` (bench/engine_cost.py) measures the runs per hour of both.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from horst_sparse.training.config import require
+
+ENGINES = ("reference", "fast")
+
+
+def check_engine(cfg: Mapping[str, Any]) -> None:
+    require(cfg["engine"] in ENGINES, f"engine={cfg['engine']!r} is unknown; use {' or '.join(ENGINES)}")
+    if cfg["engine"] == "fast":
+        require(
+            torch.backends.mkldnn.is_available(),
+            "engine=fast multiplies through oneDNN, which this torch build lacks; use engine=reference",
+        )
+
+
+def _onednn_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`x @ weight.T + bias` of a 2-D `x` and `weight` [out, in] by oneDNN (any strides)."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+class _OneDNNLinear(torch.autograd.Function):
+    """`F.linear(x, weight, bias)` with the forward and both gradient products in oneDNN."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        flat = x.reshape(-1, x.shape[-1])
+        return _onednn_matmul(flat, weight, bias).view(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        grad = grad.reshape(-1, grad.shape[-1])
+        grad_x = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            grad_x = _onednn_matmul(grad, weight.t()).view(x.shape)
+        if ctx.needs_input_grad[1]:
+            grad_weight = _onednn_matmul(grad.t(), x.reshape(-1, x.shape[-1]).t())
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_bias = grad.sum(0)
+        return grad_x, grad_weight, grad_bias
+
+
+class OneDNNLinear(torch.nn.Linear):
+    """`nn.Linear` through `_OneDNNLinear`: the same parameters, names and state dict."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _OneDNNLinear.apply(x, self.weight, self.bias)
+
+
+@functools.cache
+def _onednn_conv1d(conv1d: type) -> type:
+    """Hugging Face's `Conv1D` (GPT-2's linear layers, weight [in, out]) through `_OneDNNLinear`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _OneDNNLinear.apply(x, self.weight.t(), self.bias)
+
+    return type("OneDNNConv1D", (conv1d,), {"forward": forward, "__doc__": _onednn_conv1d.__doc__})
+
+
+@functools.cache
+def _fused_gelu_tanh(new_gelu: type) -> type:
+    """Hugging Face's `NewGELUActivation` (GPT-2's tanh GELU, six elementwise ops and their six
+    backward ones) as the one kernel of `F.gelu(x, approximate="tanh")`: the same function."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.gelu(x, approximate="tanh")
+
+    return type("FusedGELUTanh", (new_gelu,), {"forward": forward, "__doc__": _fused_gelu_tanh.__doc__})
+
+
+# Hugging Face's modules the fast engine replaces, by (module, class name): not imported by the ViT
+_HF_REPLACEMENTS = {
+    ("transformers.pytorch_utils", "Conv1D"): _onednn_conv1d,
+    ("transformers.activations", "NewGELUActivation"): _fused_gelu_tanh,
+}
+
+
+def use_engine_(model: torch.nn.Module, engine: str) -> torch.nn.Module:
+    """`model` with its linear layers on `engine`'s kernels (in place: the modules keep their
+    parameters, so optimizer, pruning masks and checkpoints see the same tensors). The engines
+    differ on the CPU only: a model on another device is returned as it is."""
+    if engine == "reference" or next(model.parameters()).device.type != "cpu":
+        return model
+    for module in model.modules():
+        kind = type(module)
+        if kind is torch.nn.Linear:
+            module.__class__ = OneDNNLinear
+        elif (kind.__module__, kind.__name__) in _HF_REPLACEMENTS:
+            module.__class__ = _HF_REPLACEMENTS[kind.__module__, kind.__name__](kind)
+    return model
+
+
+def optimizer_overrides(engine: str) -> dict[str, Any]:
+    """Keyword arguments the engine adds to the optimizer's own (configs/optimizer/)."""
+    return {"fused": True} if engine == "fast" else {}
