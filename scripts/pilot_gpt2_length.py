@@ -7,7 +7,7 @@ Rule, stated before any of its runs: the length is the shortest L of CANDIDATES 
 doubling the updates improves AdamW's dense validation perplexity (mean over the seeds) by less
 than IMPROVEMENT_MAX; where none does, the longest candidate, CANDIDATES[-1], the most the
 study's budget (about 5 h on 2 cores for both pipelines' tunings and reporting runs) pays for.
-AdamW runs at its committed pick of the 300-update recipe (the adamw section of configs/tuned/gpt2/pydoc.yaml:
+AdamW runs at its committed pick of the 300-update recipe (configs/tuned/gpt2/pydoc/adamw.yaml:
 lr, decay and warm-up steps as picked), the cosine schedule stretched to each length. Each cell is
 one `train_gpt2.py` run (the command is in the report), finished cells are not rerun, and the
 report (results/embedded/pilot_gpt2_length.md) names the clean commit, machine and threads.
