@@ -4,7 +4,7 @@
     python train_gpt2.py optimizer=adamw train.max_steps=300
     python train_gpt2.py experiment=gpt2_small_slimpajama    # the paper's setting
     torchrun --nproc_per_node=8 train_gpt2.py experiment=gpt2_small_slimpajama
-    python train_gpt2.py -m hydra/launcher=slurm_1gpu +sweep=gpt2_table
+    python train_gpt2.py -m hydra/launcher=slurm_1gpu +study=gpt2_table
 
 Config: configs/train_gpt2.yaml. The pipeline is `horst_sparse.gpt2.run.run`; this file only
 hands it Hydra's config. It imports its task, so submitit pickles it by reference.

@@ -1,7 +1,7 @@
 """`horst-sparse`: the one command over the study's tools, one subcommand each (`horst-sparse <command> --help`).
 
     horst-sparse config vit experiment=smoke_vit optimizer=horst    # a run's values and the file each comes from
-    horst-sparse plan train_vit.py -m +sweep=deit_table               # jobs, resources, GPU-hours; nothing submitted
+    horst-sparse plan train_vit.py -m +study=deit_table               # jobs, resources, GPU-hours; nothing submitted
     horst-sparse tune vit adamw --trials 16                           # tune an arm on the validation split
     horst-sparse study --report-only                                  # the embedded study's report
 
@@ -78,8 +78,8 @@ def main(argv: Sequence[str] | None = None) -> int | None:
 def config_main(argv: Sequence[str] | None = None) -> int:
     """`horst-sparse config`: the config a run of PIPELINE composes with the OVERRIDES, one line a value,
     with the file under configs/ that set it last (Hydra's merge order: the defaults list, then the
-    command line). A value copied from another key (`${tuned.${tuned_as}.base_lr}`) names the file of
-    the value it copies and the interpolation that led there.
+    command line). A value copied from another key (`${hparams.base_lr}`) names the file of the value
+    it copies, the interpolation that led there and the key it reached (tuned.<arm>.base_lr).
 
         horst-sparse config vit                                     # the embedded default
         horst-sparse config gpt2 experiment=smoke_gpt2 optimizer=ham train.lr
@@ -94,7 +94,11 @@ def config_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "overrides", nargs="*", help="as on the entry point's command line; a bare key (train.lr) picks what is shown"
     )
-    parser.add_argument("--all", action="store_true", help="also the `tuned` table the run's values are copied from")
+    parser.add_argument(
+        "--all",
+        action="store_true",
+        help="also the `tuned` table the run's values are copied from (and `hparams`, its section)",
+    )
     args = parser.parse_args(argv)
     overrides = [o for o in args.overrides if "=" in o]
     shown = [o for o in args.overrides if "=" not in o]
@@ -110,7 +114,7 @@ def config_main(argv: Sequence[str] | None = None) -> int:
     if shown:
         rows = [r for r in rows if any(r[0] == key or r[0].startswith(key + ".") for key in shown)]
     elif not args.all:
-        rows = [r for r in rows if not r[0].startswith("tuned.")]
+        rows = [r for r in rows if not r[0].startswith(("tuned.", "hparams."))]
     if not rows:
         print(f"error: the config has no key {', '.join(shown)}", file=sys.stderr)
         return 2

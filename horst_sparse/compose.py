@@ -148,8 +148,9 @@ def where_from(pipeline: Pipeline, overrides: Sequence[str] = (), *, config_dir:
     """Every value of the pipeline's config with `overrides`, and where it comes from: rows
     (key, value, source, via). `source` is the file under configs/ that set the value last in the
     defaults list's order (Hydra's merge order), or the command line; a value that interpolates
-    another key (`${tuned.${tuned_as}.base_lr}`) takes the source of the key it resolves to, and
-    `via` names the file and the interpolation that sent it there ('' for a plain value)."""
+    another key (`${hparams.base_lr}`, through `hparams: ${tuned.${tuned_as}}` to `tuned.horst.base_lr`)
+    takes the source of the key it resolves to, and `via` names the file and the interpolation that
+    sent it there, and the key it reached ('' for a plain value)."""
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.types import RunMode
@@ -189,9 +190,25 @@ def where_from(pipeline: Pipeline, overrides: Sequence[str] = (), *, config_dir:
             if target is None or target == at:  # a resolver's result, not another key's value
                 at = None
                 break
-            at, text = target, _raw(raw, target)
+            at = _through_nodes(composed, raw, target)
+            text = _raw(raw, at)
+        if via and at is not None:
+            via += f" -> {at}"
         rows.append((key, value, "computed" if at is None else _set_by(set_by, at), via))
     return rows
+
+
+def _through_nodes(composed: Any, raw: Any, key: str) -> str:
+    """`key` with every section on its way that interpolates another (`hparams: ${tuned.${tuned_as}}`,
+    `lion: ${.adamw}`) replaced by the section it copies: the key that holds the value."""
+    parts = key.split(".")
+    for i in range(1, len(parts)):
+        prefix = ".".join(parts[:i])
+        text = _raw(raw, prefix)
+        if isinstance(text, str) and "${" in text:
+            target = _reference(composed, text, at=prefix)
+            return key if target is None else _through_nodes(composed, raw, ".".join([target, *parts[i:]]))
+    return key
 
 
 def _set_by(set_by: dict[str, str], key: str) -> str:

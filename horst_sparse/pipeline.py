@@ -72,7 +72,7 @@ class Pipeline:
     """One pipeline, one concern a field. The rest follows from `name` by one convention: the
     primary config `configs/train_<name>.yaml` with the entry point `train_<name>.py` beside
     configs/, the recipe group `<name>_recipe` (whose choice picks its tuned values in
-    `configs/tuned/<name>/`), and the schemas `schema_<name>_run` and `model/schema_<name>` in
+    `configs/tuned/<name>/<recipe>.yaml`), and the schemas `schema_<name>_run` and `model/schema_<name>` in
     Hydra's ConfigStore."""
 
     name: str  # the `pipeline:` key of its primary config and of every preset that is its own

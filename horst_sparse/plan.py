@@ -1,8 +1,8 @@
 """What a multirun would launch, and what it would cost, without launching anything.
 
     horst-sparse plan train_vit.py -m optimizer=adamw,horst seed=0,1
-    horst-sparse plan train_vit.py -m +sweep=deit_table data.root=/x hydra/launcher=slurm
-    horst-sparse plan train_gpt2.py -m +sweep=gpt2_table hydra/launcher=slurm_1gpu
+    horst-sparse plan train_vit.py -m +study=deit_table data.root=/x hydra/launcher=slurm
+    horst-sparse plan train_gpt2.py -m +study=gpt2_table hydra/launcher=slurm_1gpu
 
 Give the entry point and the same arguments as for the real multirun (`-m` may be left out).
 The entry point names its pipeline (horst_sparse.pipeline's registry: its primary config, its

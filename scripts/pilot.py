@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # The optimizers at the digits recipe's values, not tuned for MNIST-1D: the mnist1d recipe's `tuned`
 # node (lr, warm-up, decay, betas, alpha/beta) replaced by the digits recipe's, read by Hydra from
-# configs/tuned/vit/digits/<optimizer>.yaml as every digits run reads them.
+# configs/tuned/vit/digits.yaml (a section per optimizer) as every digits run reads them.
 UNTUNED = "tuned/vit@tuned=digits"
 OPTIMIZERS = {name: [f"optimizer={name}", UNTUNED] for name in ("adamw", "horst")}
 DENSE_MAX, ADAMW_LOSS_MIN = 0.95, 0.03

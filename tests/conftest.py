@@ -67,7 +67,7 @@ def compose():
 def job_configs() -> dict[str, dict]:
     """Composed configs of both pipelines' arms, by (pipeline, arm)."""
     arms = ("adamw", "ham", "horst", "horst_prunable", "adamw_decay")
-    return {(p, a): compose_job(p, [f"+arm={a}"]) for p in ("vit", "gpt2") for a in arms}
+    return {(p, a): compose_job(p, [f"experiment={a}"]) for p in ("vit", "gpt2") for a in arms}
 
 
 @pytest.fixture

@@ -49,7 +49,7 @@ def test_the_demo_is_every_arm_x_sparsity_x_seed_with_its_label(demo_jobs):
     vit = [j for j in demo_jobs if j.pipeline == "vit"]
     assert len(vit) == 9 and len(demo_jobs) == 12
     assert {j.config["data"]["name"] for j in vit} == {"mnist1d"}  # the study's benchmark, at its tuned values
-    job = next(j for j in vit if j.overrides == ("+arm=horst", "acdc.sparsity=0.9"))
+    job = next(j for j in vit if j.overrides == ("experiment=horst", "acdc.sparsity=0.9"))
     assert job.run == "outputs/demo/vit/horst/s0.9/seed0"
     assert (job.config["arm"], job.config["optimizer"]["name"], job.config["eval_split"]) == ("horst", "horst", "test")
     assert len({j.signature for j in vit}) == 3  # a cell is an arm: sparsity and seed tell its runs apart
@@ -65,7 +65,7 @@ def test_the_control_decays_as_hard_as_the_horst_it_controls(job_configs, compos
         assert control["train"][lr] * control["optimizer"]["weight_decay"] == pytest.approx(shrink)
         assert control["train"][lr] == adamw["train"][lr]
         assert control["optimizer"]["name"] == "adamw" and control["arm"] == "adamw_decay"
-    moved = compose("vit", ["+arm=adamw_decay", "tuned.horst.beta=0.5", "tuned.horst.base_lr=1e-3"])
+    moved = compose("vit", ["experiment=adamw_decay", "tuned.horst.beta=0.5", "tuned.horst.base_lr=1e-3"])
     horst = job_configs[("vit", "horst")]
     assert moved["optimizer"]["weight_decay"] == pytest.approx(
         (horst["optimizer"]["weight_decay"] + 0.5) * 1e-3 / moved["train"]["base_lr"]
@@ -74,17 +74,17 @@ def test_the_control_decays_as_hard_as_the_horst_it_controls(job_configs, compos
 
 def test_multiruns_are_the_whole_sweep_or_the_missing_cells(demo_jobs):
     assert study.multiruns(demo_jobs) == [("demo_vit", []), ("demo_gpt2", [])]  # the study's order
-    missing = [j for j in demo_jobs if j.pipeline == "vit" and "+arm=ham" in j.overrides][:2]
+    missing = [j for j in demo_jobs if j.pipeline == "vit" and "experiment=ham" in j.overrides][:2]
     assert study.multiruns(missing) == [
-        ("demo_vit", ["+arm=ham", "acdc.sparsity=0.7", "seed=0"]),
-        ("demo_vit", ["+arm=ham", "acdc.sparsity=0.8", "seed=0"]),
+        ("demo_vit", ["experiment=ham", "acdc.sparsity=0.7", "seed=0"]),
+        ("demo_vit", ["experiment=ham", "acdc.sparsity=0.8", "seed=0"]),
     ]
-    assert study.command("demo_vit", ["+arm=ham", "seed=0"], ["+arm=adamw", "train.epochs=5"]) == [
+    assert study.command("demo_vit", ["experiment=ham", "seed=0"], ["experiment=adamw", "train.epochs=5"]) == [
         "python",
         "train_vit.py",
         "-m",
         "+study=demo_vit",
-        "+arm=ham",
+        "experiment=ham",
         "seed=0",
         "train.epochs=5",
     ]
@@ -176,7 +176,19 @@ def test_the_embedded_study_is_its_presets_and_tunes_what_its_budget_asks_for(em
         == []
     )
     record = runs.read_record([ROOT / "results" / "embedded" / "runs.csv"])
-    study.check_protocol(current, versions, record[record.protocol == current.version], jobs)  # as registered
+    mine = record[record.protocol == current.version]
+    protocol.check_unchanged(current, set(mine.git_commit), protocol.reviewed(versions))  # its runs: as registered
+    # the flat configs (configs/experiment/, a tuned file per recipe) are not v6's: a new version names them
+    with pytest.raises(protocol.ProtocolError) as refused:
+        study.check_protocol(current, versions, mine, jobs)
+    assert "\n" not in str(refused.value) and "protocol embedded v6 changed since its registration" in str(
+        refused.value
+    )
+    assert "the working tree: configs/arm/adamw.yaml, " in str(refused.value)
+    assert str(refused.value).endswith(
+        "register the change as a new version, a new protocols/embedded/v<N>.yaml that names them (a changed "
+        "search space alone: name its arm in its retune)"
+    )
     with pytest.raises(study.StudyError, match="runs vit adamw at v4's pick, but configs/tuned/ holds none of v4's"):
         study.tunings(current, picked({**{a: inherited for a in arms}, ("vit", "adamw"): 5}), versions)
 
@@ -286,18 +298,18 @@ def test_provenance_refuses_dirty_trees_and_runs_of_other_code(tmp_path):
 
 
 def test_add_an_arm_recipe(tmp_path, write_run):
-    """docs/design.md §5's recipe, followed: (1) a file configs/arm/<name>.yaml that chooses the
-    optimizer, sets its values and records `arm: <name>`; (2) its name in the preset's `+arm`;
+    """docs/design.md §5's recipe, followed: (1) an experiment configs/experiment/<name>.yaml that
+    chooses the optimizer, sets its values and records `arm: <name>`; (2) its name in the preset's `experiment`;
     (3) where it is to be compared, a line in horst_sparse/analysis/claims.yaml's `comparisons`."""
     configs = tmp_path / "configs"
     shutil.copytree(ROOT / "configs", configs)
-    (configs / "arm" / "horst_alpha1.yaml").write_text(
+    (configs / "experiment" / "horst_alpha1.yaml").write_text(
         "# @package _global_\n# HORST at alpha 1.\ndefaults:\n  - override /optimizer: horst\n\n"
         "arm: horst_alpha1\noptimizer:\n  alpha: 1.0\n"
     )
     preset = configs / "study" / "demo_vit.yaml"
     spec = yaml.safe_load(preset.read_text())
-    spec["hydra"]["sweeper"]["params"]["+arm"] += ",horst_alpha1"
+    spec["hydra"]["sweeper"]["params"]["experiment"] += ",horst_alpha1"
     preset.write_text("# @package _global_\n" + yaml.safe_dump(spec, sort_keys=False))
     rules = claims.load_rules()
     rules["comparisons"]["vit"].append(["horst_alpha1", "horst"])
@@ -307,7 +319,7 @@ def test_add_an_arm_recipe(tmp_path, write_run):
     assert new.run == "outputs/demo/vit/horst_alpha1/s0.9/seed0" and new.config["optimizer"]["alpha"] == 1.0
     for job, top1 in ((new, 0.93), (next(j for j in jobs if j.config["arm"] == "horst"), 0.95)):
         write_run(tmp_path / "runs" / job.run, job.config, top1)
-    frame = runs.scan([tmp_path / "runs"], arms=configs / "arm").frame
+    frame = runs.scan([tmp_path / "runs"], arms=configs / "experiment").frame
     assert set(frame.arm) == {"horst_alpha1", "horst"}
     paired = report.comparisons(frame, rules)
     assert paired[paired["first"] == "horst_alpha1"].estimate.iloc[0] == pytest.approx(-2.0)
@@ -332,7 +344,7 @@ def test_a_tiny_study_runs_resumes_from_its_record_and_refuses_stale_runs(tmp_pa
         "--demo",
         "--pipeline",
         "vit",
-        "+arm=adamw,horst",
+        "experiment=adamw,horst",
         "acdc.sparsity=0.9",
         *TINY_VIT,
     ]
@@ -363,7 +375,7 @@ def test_a_tiny_study_runs_resumes_from_its_record_and_refuses_stale_runs(tmp_pa
     pd.testing.assert_frame_equal(gpt2, before[before.pipeline == "gpt2"].reset_index(drop=True))
     checked = study_cli("--check")  # make check-results: horst at 90 %, seed 0, rerun into a scratch folder
     assert checked.returncode == 0, checked.stdout + checked.stderr[-2000:]
-    assert "## vit: +arm=horst acdc.sparsity=0.9, seed(s) [0] rerun; check: bit for bit" in checked.stdout
+    assert "## vit: experiment=horst acdc.sparsity=0.9, seed(s) [0] rerun; check: bit for bit" in checked.stdout
     assert "top1 acdc unstructured 0.9: committed" in checked.stdout and "reproducible mode" in checked.stdout
     assert "the record reproduces bit for bit" in checked.stdout
     # a record made outside the reproducible mode is judged against its seeds' spread instead

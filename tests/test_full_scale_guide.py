@@ -46,7 +46,7 @@ TRANSCRIPTS = transcripts(GUIDE.read_text())
 
 def test_the_guide_quotes_the_planner_for_both_tables_and_the_slimpajama_dry_run():
     commands = [command for command, _ in TRANSCRIPTS]
-    assert any("+sweep=deit_table" in c for c in commands) and any("+sweep=gpt2_table" in c for c in commands)
+    assert any("+study=deit_table" in c for c in commands) and any("+study=gpt2_table" in c for c in commands)
     assert any(c.startswith("python scripts/prepare_slimpajama.py") and "--dry-run" in c for c in commands)
 
 

@@ -28,10 +28,12 @@ def entry_point(script: str, *args: str) -> subprocess.CompletedProcess:
 def test_presets_are_split_by_pipeline():
     gpt2, vit = presets("gpt2"), presets("vit")
     assert gpt2["model"] == ["gpt2_nano", "gpt2_small", "gpt2_tiny"] and "deit_small" in vit["model"]
-    assert gpt2["experiment"] == ["gpt2_small_slimpajama", "smoke_gpt2"] and len(vit["experiment"]) == 10
-    assert "smoke_vit" in vit["experiment"]
-    assert "vit_sparsity" not in gpt2["+sweep"] and "gpt2_table" not in vit["+sweep"]
-    assert {"horst_alpha_beta", "ham_alpha_beta"} <= set(gpt2["+sweep"]) & set(vit["+sweep"])
+    arms = ["adamw", "adamw_decay", "ham", "horst", "horst_beta0", "horst_mirror_off", "horst_prunable", "horst_sm"]
+    assert gpt2["experiment"] == sorted([*arms, "gpt2_small_slimpajama", "smoke_gpt2"])  # an arm serves both
+    assert len(vit["experiment"]) == len(arms) + 10 and set(arms) < set(vit["experiment"])
+    assert "smoke_vit" in vit["experiment"] and "smoke_vit" not in gpt2["experiment"]
+    assert "vit_sparsity" not in gpt2["+study"] and "gpt2_table" not in vit["+study"]
+    assert {"horst_alpha_beta", "ham_alpha_beta"} <= set(gpt2["+study"]) & set(vit["+study"])
     assert gpt2["optimizer"] == vit["optimizer"] and "horst_lion" in gpt2["optimizer"]
 
 

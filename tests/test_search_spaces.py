@@ -135,11 +135,11 @@ def test_the_committed_picks_pass_only_where_tuned_alike_under_the_current_proto
 
 def test_an_arm_with_settings_of_its_own_is_tuned_on_its_own():
     """horst_prunable (HORST mirroring only the prunable matrices) gets its own tuning over the
-    shared space and HORST's keys, into its own file: not HORST's pick."""
+    shared space and HORST's keys, into its own section: not HORST's pick."""
     from horst_sparse.study.tuning import prepare
 
     planned = prepare("gpt2", "horst_prunable", trials=2)
-    assert planned.arm_file == CONFIGS / "tuned" / "gpt2" / "pydoc" / "horst_prunable.yaml"
+    assert planned.tuned_file == CONFIGS / "tuned" / "gpt2" / "pydoc.yaml" and planned.arm == "horst_prunable"
     assert list(planned.space)[:3] == list(space("gpt2", "adamw")) and {"optimizer.alpha", "optimizer.beta"} < set(
         planned.space
     )
@@ -155,7 +155,7 @@ def test_an_arm_tuned_on_its_own_runs_at_its_own_values_and_the_study_counts_arm
     from horst_sparse.study.jobs import Job
 
     for pipeline in ("gpt2", "vit"):
-        horst_run, prunable = (compose(get(pipeline), [f"+arm={arm}"]) for arm in ("horst", "horst_prunable"))
+        horst_run, prunable = (compose(get(pipeline), [f"experiment={arm}"]) for arm in ("horst", "horst_prunable"))
         own = prunable.tuned.horst_prunable.provenance is not None
         assert own == (pipeline == "gpt2")
         assert (prunable.optimizer.alpha == horst_run.optimizer.alpha) != own

@@ -265,7 +265,7 @@ def test_real_run_folders_through_the_whole_report(tmp_path, monkeypatch, compos
         vit = compose(
             "vit",
             [
-                "+arm=adamw",
+                "experiment=adamw",
                 "device=cpu",
                 "eval_split=test",
                 "train.epochs=5",
@@ -283,7 +283,7 @@ def test_real_run_folders_through_the_whole_report(tmp_path, monkeypatch, compos
         gpt2 = compose(
             "gpt2",
             [
-                "+arm=horst",
+                "experiment=horst",
                 "model=gpt2_nano",
                 f"data.dir={tmp_path / 'pydoc'}",
                 "device=cpu",

@@ -69,7 +69,7 @@ def test_a_toy_pipeline_is_planned_tuned_run_and_tabulated(tmp_path, monkeypatch
         results_dir=tmp_path / "results",
         sweep_dir=tmp_path / "sweep",
     )
-    written = yaml.safe_load((configs / "tuned" / "toy" / "blobs" / "adamw.yaml").read_text())
+    written = yaml.safe_load((configs / "tuned" / "toy" / "blobs.yaml").read_text())["adamw"]
     assert written["provenance"]["trials"] == 2 and written["lr"] == values["lr"]
     assert set(written["provenance"]["space"]) == {"train.lr", "optimizer.weight_decay"}
     trials = pd.read_csv(tmp_path / "results" / "toy" / "blobs" / "tuning.csv")

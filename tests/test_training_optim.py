@@ -38,13 +38,18 @@ CLASSES = {
 @pytest.fixture(scope="module")
 def optimizer_config(compose):
     """optimizer_config(kind, **kw): the real configs/optimizer/<kind>.yaml with `kw` changed, its
-    `${tuned.*}` values resolved against the GPT-2 pipeline's composed tuned node (as a run that
-    selects it reads them: `tuned_as` is the optimizer)."""
+    `${hparams.*}` values resolved against the GPT-2 pipeline's composed tuned node (as a run that
+    selects it reads them: `hparams` is the section of its `tuned_as`, the optimizer)."""
     tuned = compose("gpt2", [])["tuned"]
 
     def config(kind, **kw):
         node = OmegaConf.create(
-            {"tuned": tuned, "tuned_as": kind, "optimizer": OmegaConf.load(CONFIGS / f"{kind}.yaml")}
+            {
+                "tuned": tuned,
+                "tuned_as": kind,
+                "hparams": "${tuned.${tuned_as}}",
+                "optimizer": OmegaConf.load(CONFIGS / f"{kind}.yaml"),
+            }
         )
         node.optimizer.merge_with(kw)
         return OmegaConf.create(OmegaConf.to_container(node.optimizer, resolve=True))

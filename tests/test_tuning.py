@@ -260,7 +260,7 @@ def test_every_search_space_reaches_its_arm(name):
         f"warmup_{'epochs' if pipeline == 'vit' else 'steps'}",
     }
     assert leaves == (shared if optimizer == "adamw" else shared | {"alpha", "beta"})
-    assert planned.arm_file == ROOT / "configs" / "tuned" / pipeline / planned.recipe / f"{optimizer}.yaml"
+    assert planned.tuned_file == ROOT / "configs" / "tuned" / pipeline / f"{planned.recipe}.yaml"
     assert "hydra.sweeper.n_trials=4" in planned.arguments and planned.seed >= tuning.TUNING_SEEDS_START
 
 
@@ -315,32 +315,38 @@ def test_a_dirty_tree_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
 
 
 def test_a_tuning_may_start_beside_the_other_arms_uncommitted_picks(tmp_path):
-    """A study tunes its arms one after another: the other optimizers' picks of the pipeline and
-    results/ may be uncommitted, the arm's own file and everything else may not."""
+    """A study tunes its arms one after another: the other arms' sections of the pipeline's tuned
+    files and results/ may be uncommitted; the arm's own section, another pipeline's file and
+    everything else may not."""
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
-    files = [
-        "configs/tuned/vit/mnist1d/adamw.yaml",
-        "configs/tuned/vit/mnist1d/horst.yaml",
-        "configs/tuned/gpt2/pydoc/horst.yaml",
-        "results/tuning/vit/mnist1d/tuning.csv",
-        "results/embedded/runs.csv",
-        "horst/step.py",
-    ]
-    for name in files:
+    sections = {"adamw": {"lr": 1}, "ham": {"lr": 1}, "horst": {"lr": 1}}
+    files = {
+        "configs/tuned/vit/mnist1d.yaml": yaml.safe_dump(sections),
+        "configs/tuned/gpt2/pydoc.yaml": yaml.safe_dump(sections),
+        "results/tuning/vit/mnist1d/tuning.csv": "a\n",
+        "results/embedded/runs.csv": "a\n",
+        "horst/step.py": "a\n",
+    }
+    for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text("a\n")
+        (tmp_path / name).write_text(text)
     git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run([*git, "add", "."], check=True)
     subprocess.run([*git, "commit", "-qm", "a"], check=True)
     head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    for name in files[:5]:
+    picked = yaml.safe_dump({**sections, "adamw": {"lr": 2}, "horst": {"lr": 2}})  # AdamW and HORST tuned
+    for name in ("configs/tuned/vit/mnist1d.yaml", "configs/tuned/gpt2/pydoc.yaml"):
+        (tmp_path / name).write_text(picked)
+    for name in ("results/tuning/vit/mnist1d/tuning.csv", "results/embedded/runs.csv"):
         (tmp_path / name).write_text("b\n")
-    with pytest.raises(tuning.TuningError, match="uncommitted changes"):
-        tuning.require_clean_tree(tmp_path, tuning=("vit", "horst"))  # gpt2's pick is not the ViT's
+    with pytest.raises(tuning.TuningError, match=r"uncommitted changes \(M configs/tuned/gpt2/pydoc.yaml"):
+        tuning.require_clean_tree(tmp_path, tuning=("vit", "ham"))  # gpt2's picks are not the ViT's
     subprocess.run([*git, "checkout", "-q", "configs/tuned/gpt2"], check=True)
     assert tuning.require_clean_tree(tmp_path, tuning=("vit", "ham")) == head
-    with pytest.raises(tuning.TuningError, match=r"uncommitted changes \(M configs/tuned/vit/mnist1d/horst.yaml"):
-        tuning.require_clean_tree(tmp_path, tuning=("vit", "horst"))  # its own file
+    with pytest.raises(tuning.TuningError, match=r"uncommitted changes \(M configs/tuned/vit/mnist1d.yaml"):
+        tuning.require_clean_tree(tmp_path, tuning=("vit", "horst"))  # its own section
+    with pytest.raises(tuning.TuningError, match=r"uncommitted changes \(M configs/tuned/vit/mnist1d.yaml"):
+        tuning.require_clean_tree(tmp_path, tuning=("vit", "sgd"))  # no section of its own to be unchanged
     (tmp_path / "horst" / "step.py").write_text("b\n")
     with pytest.raises(tuning.TuningError, match="horst/step.py"):
         tuning.require_clean_tree(tmp_path, tuning=("vit", "ham"))
@@ -353,7 +359,7 @@ def test_a_failed_trial_scores_worst_and_the_others_still_pick(tmp_path, capsys)
     warm-up stays the recipe's."""
     configs = tmp_path / "configs"
     shutil.copytree(ROOT / "configs", configs)
-    before = yaml.safe_load((configs / "tuned" / "vit" / "digits" / "adamw.yaml").read_text())
+    before = yaml.safe_load((configs / "tuned" / "vit" / "digits.yaml").read_text())["adamw"]
     overrides = (  # Sobol's 2 points take both halves of the decay's choice
         *(o for o in TINY if not o.startswith("train.warmup_epochs=")),
         "optimizer.weight_decay=choice(0.01, -1.0)",
@@ -381,6 +387,12 @@ def test_a_failed_trial_scores_worst_and_the_others_still_pick(tmp_path, capsys)
     assert list(values["provenance"]["space"]) == ["train.base_lr", "optimizer.weight_decay"]
     trained = [yaml.safe_load(f.read_text()) for f in (tmp_path / "sweep").glob("*_vit_*/config.yaml")]
     assert trained and {c["train"]["warmup_epochs"] for c in trained} == {before["warmup_epochs"]}  # as run
+    written = yaml.safe_load((configs / "tuned" / "vit" / "digits.yaml").read_text())
+    assert (
+        written["adamw"] == values
+        and written["horst"]
+        == yaml.safe_load((ROOT / "configs" / "tuned" / "vit" / "digits.yaml").read_text())["horst"]
+    )  # the pick in its section, the other sections as they were
 
 
 def test_a_tuning_that_cannot_start_still_ends_in_one_line(tmp_path):

@@ -109,11 +109,11 @@ def test_typos_fail_at_composition(override):
 
 @pytest.mark.parametrize("optimizer", ["horst", "ham"])
 def test_alpha_beta_defaults_are_the_sweep_picks(optimizer):
-    """configs/tuned/vit/digits/<optimizer>.yaml (results/tuning/) holds the embedded recipe's
-    picks; the DeiT recipe keeps the published (HAM) and library (HORST) values
-    (configs/tuned/vit/deit_imagenet/). Where each value comes from: tests/test_config_precedence.py."""
-    picked = OmegaConf.load(CONFIGS / "tuned" / "vit" / "digits" / f"{optimizer}.yaml")
-    imagenet = OmegaConf.load(CONFIGS / "tuned" / "vit" / "deit_imagenet" / f"{optimizer}.yaml")
+    """configs/tuned/vit/digits.yaml (results/tuning/; a section per optimizer) holds the embedded
+    recipe's picks; the DeiT recipe keeps the published (HAM) and library (HORST) values
+    (configs/tuned/vit/deit_imagenet.yaml). Where each value comes from: tests/test_config_precedence.py."""
+    picked = OmegaConf.load(CONFIGS / "tuned" / "vit" / "digits.yaml")[optimizer]
+    imagenet = OmegaConf.load(CONFIGS / "tuned" / "vit" / "deit_imagenet.yaml")[optimizer]
     assert (picked.alpha, picked.beta) != (imagenet.alpha, imagenet.beta)
     cfg = _compose(f"optimizer={optimizer}")
     assert (cfg.optimizer.alpha, cfg.optimizer.beta) == (picked.alpha, picked.beta)

@@ -48,7 +48,7 @@ from horst_sparse.paths import CONFIGS
 from horst_sparse.training.no_effect import no_effect
 
 SUMMARY, FAILED, CONFIG = "summary.json", "failed.json", "config.yaml"
-ARMS = CONFIGS / "arm"
+ARMS = CONFIGS / "experiment"  # an arm of a study is an experiment that names its `arm`
 # Not in a signature besides NO_EFFECT: the replicate, the label, the table's column keys.
 NOT_SIGNATURE = ("seed", "arm", "acdc.sparsity", "prune")
 UNRECORDED = "unrecorded"  # the signature of a record row whose run's config was not recorded
@@ -139,7 +139,7 @@ def optimizer_label(node: dict[str, Any]) -> str:
 
 
 def arm_label(config: dict[str, Any], arms: Path = ARMS) -> str:
-    """The arm the run recorded, checked against `configs/arm/<arm>.yaml` where it exists (its
+    """The arm the run recorded, checked against `configs/experiment/<arm>.yaml` where it exists (its
     optimizer and its literal optimizer values); runs from before arms: the optimizer, `_sm` for
     HORST's order "sm"."""
     optimizer = config.get("optimizer", {})

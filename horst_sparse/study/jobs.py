@@ -29,7 +29,8 @@ class StudyError(RuntimeError):
 class Job:
     pipeline: str
     preset: str
-    overrides: tuple[str, ...]  # the job's sweep overrides without the seed, e.g. ("+arm=horst", "acdc.sparsity=0.9")
+    # the job's sweep overrides without the seed, e.g. ("experiment=horst", "acdc.sparsity=0.9")
+    overrides: tuple[str, ...]
     seed: int
     run: str  # its folder, relative to the repository: the run's id in the record
     sweep_dir: str

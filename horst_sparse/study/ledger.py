@@ -2,10 +2,12 @@
 version fixes). Three checks, each a list of problems (none: the ledger holds):
 
 * `row_problems`: every row of the record (results/<study>/runs.csv) and of the tunings
-  (results/tuning/*/*/tuning.csv), and every pick of configs/tuned/, carries its version's label
-  (`protocol_hash`) and was made at a commit where the files its version names are as its
-  registration left them (protocol.check_unchanged, the reviewed changes forgiven); the newest
-  version's files are as registered in the working tree too.
+  (results/tuning/*/*/tuning.csv), and every pick of configs/tuned/ (an arm's section of a
+  recipe's file), carries its version's label (`protocol_hash`) and was made at a commit where the
+  files its version names are as its registration left them (protocol.check_unchanged, the
+  reviewed changes forgiven). The working tree is not judged: the configs move on after a
+  version's runs (a new version names them); running a version whose files changed is refused by
+  `horst-sparse study` itself.
 * `version_file_problems`: every version's file, merged over the version it extends, still fixes
   what its registering commit fixed (the report reads a version's `why` and claims from it).
 * `seed_problems`: the confirmatory versions report on seeds no exploratory version reported on
@@ -43,13 +45,14 @@ def recorded(study: str, root: Path = REPO) -> pd.DataFrame:
     parts = [_labelled(root / "results" / study / "runs.csv")]
     parts += [_labelled(p, "commit") for p in sorted((root / "results" / "tuning").glob("*/*/tuning.csv"))]
     picks = []
-    for path in sorted((root / "configs" / "tuned").glob("*/*/*.yaml")):
-        made = (yaml.safe_load(path.read_text()) or {}).get("provenance") or {}
-        version = made.get("protocol") or {}
-        if str(version.get("file", "")).startswith(f"protocols/{study}/"):
-            picks.append(
-                {"protocol": version["version"], "protocol_hash": version["hash"], "git_commit": made["commit"]}
-            )
+    for path in sorted((root / "configs" / "tuned").glob("*/*.yaml")):
+        for section in (yaml.safe_load(path.read_text()) or {}).values():
+            made = (section.get("provenance") if isinstance(section, dict) else None) or {}
+            version = made.get("protocol") or {}
+            if str(version.get("file", "")).startswith(f"protocols/{study}/"):
+                picks.append(
+                    {"protocol": version["version"], "protocol_hash": version["hash"], "git_commit": made["commit"]}
+                )
     parts.append(pd.DataFrame(picks, columns=LABELS))
     made = [p[LABELS] for p in parts if not p.empty] or [pd.DataFrame(columns=LABELS)]
     frame = pd.concat(made, ignore_index=True).drop_duplicates()
@@ -72,10 +75,6 @@ def row_problems(versions: list[protocol.Protocol], rows: pd.DataFrame) -> list[
             protocol.check_unchanged(version, set(part.git_commit), reviewed)
         except protocol.ProtocolError as error:
             problems.append(str(error))
-    try:
-        protocol.check_unchanged(versions[-1], [None], reviewed)
-    except protocol.ProtocolError as error:
-        problems.append(str(error))
     return problems
 
 

@@ -144,9 +144,15 @@ def load(path: Path, root: Path = REPO) -> Protocol:
     if path.stem != f"v{spec['version']}":
         raise ProtocolError(f"{path} says version {spec['version']}: name it v{spec['version']}.yaml")
     log = subprocess.run(["git", "log", "--diff-filter=A", "--format=%H", "--", name], cwd=root, capture_output=True)
-    if absent := sorted(f for f in _named(spec) if not (root / f).is_file()):
-        raise ProtocolError(f"{name} names {absent[0]}, which does not exist: restore it or name another file")
     registration = (log.stdout.decode().split() or [None])[-1]
+    # A version names the files as it fixed them at its registration (the configs may move on since, and
+    # check_unchanged refuses to run it then) or as they are in the working tree (before it is committed).
+    named = _named(spec)
+    present = {f for f in named if (root / f).is_file()} | (
+        _files_at(registration, named, root) if registration else set()
+    )
+    if absent := sorted(named - present):
+        raise ProtocolError(f"{name} names {absent[0]}, which does not exist: restore it or name another file")
     why = " ".join(str(spec["why"]).split())
     return Protocol(spec["study"], int(spec["version"]), spec["status"], why, path, spec, registration, root)
 
@@ -186,6 +192,14 @@ def tuned_under(protocol: Protocol, versions: Iterable[Protocol]) -> Protocol:
             f"edges and retuned arms: give it tunings of its own (drop tunings_from)"
         )
     return earlier
+
+
+def _files_at(commit: str, names: Iterable[str], root: Path) -> set[str]:
+    """Those of `names` that are files at `commit`."""
+    listed = subprocess.run(
+        ["git", "ls-tree", "-r", "--name-only", commit, "--", *names], cwd=root, capture_output=True
+    )
+    return set(listed.stdout.decode().split())
 
 
 def _blob(commit: str | None, path: str, root: Path) -> str:
@@ -242,6 +256,6 @@ def check_unchanged(protocol: Protocol, commits: Iterable[str | None], changes: 
         raise ProtocolError(
             f"protocol {protocol.study} v{protocol.version} changed since its registration "
             f"({protocol.registration[:12]}): {'; '.join(problems)}; restore them (git diff "
-            f"{protocol.registration[:12]} -- <file>) or register the change as a new version of "
-            f"protocols/{protocol.study}/ (a changed search space: name its arm in its retune)"
+            f"{protocol.registration[:12]} -- <file>) or register the change as a new version, a new "
+            f"protocols/{protocol.study}/v<N>.yaml that names them (a changed search space alone: name its arm in its retune)"
         )

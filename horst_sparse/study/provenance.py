@@ -25,7 +25,7 @@ CODE = (
 # ... of which a run's signature (its composed config) holds all a run reads: a change there that
 # matters makes the run stale, one that does not (another pipeline's pick, a preset's sweep order,
 # a new arm) leaves it valid. (Not the recipes: one sets an environment variable, outside the config.)
-SIGNED = ("configs/tuned", "configs/study", "configs/arm")
+SIGNED = ("configs/tuned", "configs/study", "configs/experiment")
 
 
 def _git(*args: str, repo: Path = REPO) -> str:

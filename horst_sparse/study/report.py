@@ -64,7 +64,7 @@ def readme(
 Written by `horst-sparse study{flags}`{f" ({target})" if target else ""}:
 {mine.run.nunique()} of {len(jobs)} planned runs, measured on the {split} split, from commit(s) {commits}
 ({hours:.1f} h of run time). {versioned}The runs are the multiruns of the study's presets
-(configs/study/, arms in configs/arm/; each preset's header says what it runs):
+(configs/study/, arms in configs/experiment/; each preset's header says what it runs):
 
 {lines}
 

@@ -1,15 +1,14 @@
 """Tuning one arm (an optimizer, or an arm with values of its own, under one recipe) with a fixed
 budget on the validation split: quasi-random search over `configs/hparams_search/<pipeline>_<arm>.yaml`
 through Hydra's multirun (hydra-optuna-sweeper, any launcher), the best trials rerun at more tuning
-seeds, and the pick written where the runs read it, `configs/tuned/<pipeline>/<recipe>/<arm>.yaml`,
-with its provenance; every trial is a row of `results/tuning/<pipeline>/<recipe>/tuning.csv`."""
+seeds, and the pick written where the runs read it, the arm's section of
+`configs/tuned/<pipeline>/<recipe>.yaml`, with its provenance; every trial is a row of `results/tuning/<pipeline>/<recipe>/tuning.csv`."""
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
 import math
-import shutil
 import subprocess
 import sys
 import warnings
@@ -134,13 +133,15 @@ class Tuning:
     pipeline: str
     arm: str  # the optimizer tuned
     recipe: str
-    arm_file: Path  # configs/tuned/<pipeline>/<recipe>/<arm>.yaml: where the pick goes
+    tuned_file: Path  # configs/tuned/<pipeline>/<recipe>.yaml: the pick goes into its section `<arm>:`
     space: dict[str, str]  # dotted key: the sweeper's distribution
     seed: int
     trials: int
     arguments: list[str]  # the multirun's command line
     overrides: list[str] = dataclasses.field(default_factory=list)  # the user's, of every trial
-    selection: list[str] = dataclasses.field(default_factory=list)  # what selects the arm: optimizer=horst, +arm=...
+    selection: list[str] = dataclasses.field(
+        default_factory=list
+    )  # what selects the arm: optimizer=horst, experiment=...
     tune_over: Any = None  # a trial's cells (the search space's `tune_over`)
     subdir: str = ""  # hydra.sweep.subdir=...: a trial folder's name, its cells' values in it (trial_subdir)
     left_out: list[str] = dataclasses.field(default_factory=list)  # keys of the space --keys did not search
@@ -161,9 +162,9 @@ class Tuning:
 def require_clean_tree(root: Path | None = None, *, tuning: tuple[str, str] | None = None) -> str:
     """The commit of a clean git tree (this repository's unless `root`), or a one-line
     `TuningError`: a pick must name the code that made it. With `tuning=(pipeline, optimizer)`
-    the other optimizers' picks of that pipeline (configs/tuned/<pipeline>/<recipe>/<other>.yaml)
+    the other arms' picks of that pipeline (their sections of configs/tuned/<pipeline>/<recipe>.yaml)
     and results/ (the tuning records, a study's tables) may be uncommitted: a study tunes its arms
-    one after another, and an arm's trials read only its own file and no result."""
+    one after another, and an arm's trials read only its own section and no result."""
     root = ROOT if root is None else root
     commit = git_commit(root)
     if commit == "unknown":
@@ -176,8 +177,13 @@ def require_clean_tree(root: Path | None = None, *, tuning: tuple[str, str] | No
         others = f"configs/tuned/{pipeline}/"
 
         def allowed(path: str) -> bool:
-            inside = path.startswith(others) and path.count("/") == 4 and not path.endswith(f"/{optimizer}.yaml")
-            return inside or path.startswith("results/")
+            if path.startswith("results/"):
+                return True
+            if not (path.startswith(others) and path.count("/") == 3 and (root / path).is_file()):
+                return False
+            committed = subprocess.run(["git", "show", f"HEAD:{path}"], cwd=root, capture_output=True, text=True)
+            mine = (yaml.safe_load(committed.stdout) or {}).get(optimizer) if committed.returncode == 0 else None
+            return mine is not None and mine == read_section(root / path, optimizer)
 
         changed = [line for line in changed if not allowed(line[3:].strip())]
     if changed:
@@ -200,10 +206,10 @@ def prepare(
     keys: Iterable[str] | None = None,
 ) -> Tuning:
     """Compose the tuning's config and check that its pick can reach a run: every searched key
-    reads the arm's tuned file, the seed is a tuning seed, the split is validation, and no
+    reads the arm's tuned section, the seed is a tuning seed, the split is validation, and no
     override changes the recipe's training (unless the pick goes `elsewhere` than the recipe's
-    tuned file). An arm is an optimizer or an arm of configs/arm/ with values of its own (`tuned_as`,
-    e.g. horst_prunable). With `keys`, only those keys of the space are searched."""
+    tuned file). An arm is an optimizer or an arm (configs/experiment/) with values of its own
+    (`tuned_as`, e.g. horst_prunable). With `keys`, only those keys of the space are searched."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from horst_sparse.training.presets import misspelt_key, unknown_option
@@ -243,9 +249,9 @@ def prepare(
     recipe = choices[registered.recipe_group]
     if cfg.tuned_as != arm:
         raise TuningError(f"{search.name} tunes the values of {cfg.tuned_as} (tuned_as), not {arm}'s")
-    arm_choice = choices.get(f"tuned/{pipeline}/{recipe}@tuned.{arm}")
-    if arm_choice is None:
-        raise TuningError(f"the {recipe} recipe has no tuned file for {arm} (configs/tuned/{pipeline}/{recipe}.yaml)")
+    tuned_file = config_dir / "tuned" / pipeline / f"{recipe}.yaml"
+    if not isinstance(read_section(tuned_file, arm), dict):
+        raise TuningError(f"the {recipe} recipe has no tuned values for {arm} (no `{arm}:` section in {tuned_file})")
     if cfg.seed < TUNING_SEEDS_START:
         raise TuningError(f"seed={cfg.seed}: tuning seeds start at {TUNING_SEEDS_START} (reporting seeds are below it)")
     if cfg.get("eval_split") != EVAL_SPLIT:
@@ -266,8 +272,8 @@ def prepare(
     for key in space:
         leaf = key.rsplit(".", 1)[-1]
         wire = OmegaConf.to_container(OmegaConf.select(cfg, key.rsplit(".", 1)[0]), resolve=False).get(leaf)
-        # the optimizer's YAML and the recipe read the entry of the run's `tuned_as` (docs/design.md §7)
-        if leaf not in tuned or wire not in {f"${{tuned.{arm}.{leaf}}}", f"${{tuned.${{tuned_as}}.{leaf}}}"}:
+        # the optimizer's YAML and the recipe read the run's section, `hparams` (tuned.<tuned_as>; docs/design.md §7)
+        if leaf not in tuned or wire not in {f"${{tuned.{arm}.{leaf}}}", f"${{hparams.{leaf}}}"}:
             others = [k for k in space if k != key]
             hint = f"; leave it out with --keys {','.join(others)}" if others else ""
             raise TuningError(
@@ -285,9 +291,8 @@ def prepare(
         f"hydra.sweep.dir={sweep_dir}",
         subdir,
     ]
-    arm_file = config_dir / "tuned" / pipeline / recipe / f"{arm_choice}.yaml"
     left_out = [key for key in whole if key not in space]
-    return Tuning(pipeline, arm, recipe, arm_file, space, int(cfg.seed), trials, arguments, list(overrides),
+    return Tuning(pipeline, arm, recipe, tuned_file, space, int(cfg.seed), trials, arguments, list(overrides),
                   selection(search), tune_over, subdir, left_out)  # fmt: skip
 
 
@@ -337,13 +342,14 @@ def recipe_changes(pipeline: Pipeline, parsed: Iterable[Any]) -> list[str]:
 
 def selection(search: Path) -> list[str]:
     """The overrides that select a search space's arm without the space: its defaults list's
-    `override /optimizer: horst` (optimizer=horst) and `/arm: horst_prunable` (+arm=horst_prunable)."""
+    `override /optimizer: horst` (optimizer=horst) and `/experiment@_global_: horst_prunable`
+    (+experiment@_global_=horst_prunable: an arm with values of its own, beside any experiment preset)."""
     chosen = []
     for entry in yaml.safe_load(search.read_text()).get("defaults", []):
         if isinstance(entry, Mapping):
             for key, value in entry.items():
                 group = key.removeprefix("override ").strip().lstrip("/")
-                if group in ("optimizer", "arm"):
+                if group.split("@")[0] in ("optimizer", "experiment"):
                     chosen.append(f"{'' if key.startswith('override ') else '+'}{group}={value}")
     return chosen
 
@@ -493,6 +499,31 @@ def pick(rows: list[dict[str, Any]], metric: TuningScore, top_k: int) -> dict[st
     }
 
 
+def read_section(path: Path, arm: str) -> Any:
+    """The `arm:` section of a tuned file, as written (interpolations unresolved); None where it has none."""
+    return (yaml.safe_load(path.read_text()) or {}).get(arm) if path.is_file() else None
+
+
+def write_section(path: Path, arm: str, comment: str, values: Mapping[str, Any]) -> None:
+    """Replace the `arm:` section of a tuned file, and the comment lines right above it, by `comment`
+    and `values`; every other section and comment stays as it is (a new arm's section goes last)."""
+    lines = path.read_text().splitlines(keepends=True)
+    section = [f"{arm}:\n"] + [
+        f"  {line}" for line in yaml.safe_dump(dict(values), sort_keys=False).splitlines(keepends=True)
+    ]
+    start = next((i for i, line in enumerate(lines) if line.startswith(f"{arm}:")), None)
+    if start is None:
+        begin = end = len(lines)
+        comment = "\n" + comment
+    else:
+        begin, end = start, start + 1
+        while begin and lines[begin - 1].startswith("#"):
+            begin -= 1
+        while end < len(lines) and lines[end].startswith(" "):
+            end += 1
+    path.write_text("".join([*lines[:begin], comment, *section, *lines[end:]]))
+
+
 def write_pick(
     plan: Tuning,
     rows: list[dict[str, Any]],
@@ -506,17 +537,18 @@ def write_pick(
     dry_run: bool = False,
     package: bool = False,
 ) -> dict:
-    """The arm's tuned file with the pick and its provenance (the keys outside the search space
-    kept), and the arm's rows of tuning.csv (of this protocol version) replaced; with `dry_run`,
-    the values only (nothing written). With `package` the file says where it goes (`# @package
-    tuned.<arm>`), so that a run adds it as an option of a group of its own (PICK_GROUP)."""
+    """The arm's section of the recipe's tuned file with the pick and its provenance (the keys
+    outside the search space kept, the other sections untouched), and the arm's rows of tuning.csv
+    (of this protocol version) replaced; with `dry_run`, the values only (nothing written). With
+    `package` the file is the arm's section alone and says where it goes (`# @package tuned.<arm>`),
+    so that a run adds it as an option of a group of its own (PICK_GROUP)."""
     import pandas as pd
 
     chosen = pick(rows, plan.metric, top_k)
     if not math.isfinite(chosen["mean"]):
         raise TuningError(f"every trial of {plan.arm} failed; nothing to pick (see the trial folders)")
     csv = csv or results_dir / plan.pipeline / plan.recipe / "tuning.csv"
-    values = yaml.safe_load(plan.arm_file.read_text())
+    values = yaml.safe_load(plan.tuned_file.read_text()) if package else read_section(plan.tuned_file, plan.arm)
     for key in plan.space:
         values[key.rsplit(".", 1)[-1]] = chosen[key]
     search = [r for r in rows if r["stage"] == "search"]
@@ -546,13 +578,16 @@ def write_pick(
     header = (
         f"# {plan.arm} under the {plan.pipeline} {plan.recipe} recipe: {rule} {len(search)} quasi-random trials on the\n"
         f"# validation split, written by `{command}` at commit {commit}\n"
-        "# (every trial: provenance.tuning_csv). Keys outside the search space are kept from before.\n"
+        "# (every trial: provenance.tuning_csv). Keys outside the search space keep their values.\n"
     )
     if package:  # first: Hydra reads a package directive only above every other line
         header = f"# @package tuned.{plan.arm}\n" + header
     if dry_run:
         return values
-    plan.arm_file.write_text(header + yaml.safe_dump(values, sort_keys=False))
+    if package:
+        plan.tuned_file.write_text(header + yaml.safe_dump(values, sort_keys=False))
+    else:
+        write_section(plan.tuned_file, plan.arm, header, values)
     version = None if protocol is None else protocol.version
     frame = pd.DataFrame(
         [
@@ -609,10 +644,10 @@ def tune(
         elsewhere=elsewhere, keys=keys,
     )  # fmt: skip
     if out is not None:
-        copy = Path(out) / PICK_GROUP / f"{arm}.yaml"  # the recipe's file with the pick in it: its other keys kept
+        copy = Path(out) / PICK_GROUP / f"{arm}.yaml"  # the arm's section, the pick to go in it: its other keys kept
         copy.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(tuning.arm_file, copy)
-        tuning = dataclasses.replace(tuning, arm_file=copy)
+        copy.write_text(yaml.safe_dump(read_section(tuning.tuned_file, arm), sort_keys=False))
+        tuning = dataclasses.replace(tuning, tuned_file=copy)
     folder = run_trials(tuning, config_dir)
     rows = collect(tuning, folder)
     rows += run_reruns(tuning, rows, top_k=top_k, seeds=rerun_seeds, sweep_dir=folder, config_dir=config_dir)
@@ -645,8 +680,8 @@ def main(argv: list[str] | None = None) -> None:
     `hydra/launcher=slurm hydra.sweeper.n_jobs=16`; another recipe: `vit_recipe=deit_imagenet
     data.root=/path/to/imagenet`. The search space is
     configs/hparams_search/<pipeline>_<optimizer>.yaml; any other argument is a Hydra override of
-    the runs (recipe, launcher, seed from 100 up). The pick and its provenance go to
-    configs/tuned/<pipeline>/<recipe>/<optimizer>.yaml, every trial to
+    the runs (recipe, launcher, seed from 100 up). The pick and its provenance go to the arm's
+    section of configs/tuned/<pipeline>/<recipe>.yaml, every trial to
     results/tuning/<pipeline>/<recipe>/tuning.csv (docs/design.md §8). Give every arm of a
     comparison the same --trials. Refuses to start from a git tree with uncommitted changes (other
     arms' picks of the pipeline and results/ aside: a study tunes its arms one after another)."""

@@ -23,7 +23,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 # and those that change no result (horst_sparse.training.no_effect), so a run staged elsewhere or logged otherwise
 # continues in its folder; `/` becomes `_`, and a suffix too long for a file name keeps its start and
 # a hash of the whole (the same overrides, the same folder).
-_NAMED_KEYS = ("seed", "optimizer", "model", "acdc.sparsity", "sweep", "study")
+_NAMED_KEYS = ("seed", "optimizer", "model", "acdc.sparsity", "study")
 _SUFFIX_CHARS = 120
 
 
@@ -76,7 +76,8 @@ class RunConfig:
     pipeline: str = MISSING  # which pipeline the config is (horst_sparse.pipeline's registry): its primary config says
     model: Any = MISSING  # configs/model/*.yaml, typed by the pipeline's model schema
     optimizer: Any = MISSING  # configs/optimizer/*.yaml: `_target_` + `_partial_`, checked by the class itself
-    tuned: Any = MISSING  # configs/tuned/<pipeline>/<recipe>.yaml: every optimizer's values under the recipe
+    tuned: Any = MISSING  # configs/tuned/<pipeline>/<recipe>.yaml: every arm's values under the recipe, a section each
+    hparams: Any = MISSING  # tuned.<tuned_as>: the section the recipe's train.* and the optimizer read
     logging: LoggingConfig = MISSING
     seed: int = MISSING
     device: str = MISSING  # auto | cpu | cuda
@@ -89,7 +90,7 @@ class RunConfig:
     reproducible_cpu: bool = MISSING
     resume: Optional[str] = MISSING  # auto: latest checkpoint in the run folder | never | a path
     resume_override: List[str] = MISSING  # keys whose new values replace the checkpoint's on resume
-    arm: Optional[str] = None  # a study's label of the run (configs/arm/), recorded in config.yaml
+    arm: Optional[str] = None  # a study's label of the run (an arm: configs/experiment/), recorded in config.yaml
     # a tuning trial's cells (horst_sparse.study.trial.trial): its score is the mean over one run at each
     # value, e.g. {acdc: {sparsity: [0.7, 0.8, 0.9]}} (a search space sets it); a run alone ignores it
     tune_over: Any = None

@@ -50,6 +50,7 @@ NO_EFFECT = (
     # train.*, which are compared; retuning AdamW does not make a HORST run stale
     "tuned",
     "tuned_as",
+    "hparams",
     # a tuning trial's cells: each of its runs has its cell's values in the keys it names
     "tune_over",
 )

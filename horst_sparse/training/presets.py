@@ -1,10 +1,10 @@
 """Which presets of the shared `configs/` tree belong to which pipeline, for `--help` and for
 a one-line error when a command names another pipeline's preset.
 
-The entry points share one config tree (optimizers, launchers and sweeps are common), so
+The entry points share one config tree (optimizers, launchers and studies are common), so
 Hydra alone would offer `train_gpt2.py model=deit_small` and fail deep in composition. A
-model belongs to the pipeline its `arch` names; an experiment, a sweep or a study preset to
-the pipeline its `pipeline:` key names (one without the key, a sweep of shared keys, to every
+model belongs to the pipeline its `arch` names; an experiment or a study preset to
+the pipeline its `pipeline:` key names (one without the key, an arm or a sweep of shared keys, to every
 pipeline); a recipe group to its pipeline (`Pipeline.recipe_group`). The pipelines are the
 registry's (horst_sparse.pipeline): this module names none.
 
@@ -42,10 +42,10 @@ def presets(name: str) -> dict[str, list[str]]:
     pipeline = registry.get(name)
     return {
         "model": [m for m in _names("model") if OmegaConf.load(CONFIGS / "model" / f"{m}.yaml").get("arch") == name],
-        "experiment": [e for e in _names("experiment") if _owner(CONFIGS / "experiment" / f"{e}.yaml") == name],
+        "experiment": [e for e in _names("experiment") if _owner(CONFIGS / "experiment" / f"{e}.yaml") in (None, name)],
         pipeline.recipe_group: _names(pipeline.recipe_group),
         "optimizer": _names("optimizer"),
-        "+sweep": [s for s in _names("sweep") if _owner(CONFIGS / "sweep" / f"{s}.yaml") in (None, name)],
+        "+study": [s for s in _names("study") if _owner(CONFIGS / "study" / f"{s}.yaml") in (None, name)],
         "hydra/launcher": _names("hydra/launcher"),
     }
 

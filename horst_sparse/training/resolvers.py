@@ -4,7 +4,7 @@ arm it controls instead of copying it.
 
 * `sum`: the sum of its arguments, e.g. `${sum:${tuned.horst.weight_decay},${tuned.horst.beta}}`.
 * `decay_matched`: the weight decay that gives AdamW, at its own tuned learning rate, as much
-  shrinkage per step as the arm named (configs/arm/adamw_decay.yaml: `${decay_matched:horst}`).
+  shrinkage per step as the arm named (configs/experiment/adamw_decay.yaml: `${decay_matched:horst}`).
   HORST shrinks a mirrored weight by (1 - lr_h wd_h) exp(-lr_h beta_h) ~ 1 - lr_h (wd_h + beta_h)
   per step, AdamW by 1 - lr_a wd; equal when wd = (wd_h + beta_h) lr_h / lr_a. Both follow the
   same schedule's shape, so the match holds at every step but the warm-up's.

@@ -1,7 +1,7 @@
 """`horst-sparse status`: each cell of a SLURM sweep: done, failed (and why), running or pending;
 the finished ones into tables. SLURM's states, mapped beside the launcher that submits the jobs.
 
-    python train_vit.py -m +sweep=deit_table hydra/launcher=slurm hydra.launcher.wait=false ...
+    python train_vit.py -m +study=deit_table hydra/launcher=slurm hydra.launcher.wait=false ...
     horst-sparse status multirun/2026-12-01/10-00-00
     horst-sparse status multirun/2026-12-01/10-00-00 --tables results/deit   # and horst-sparse tables
 
