@@ -224,7 +224,11 @@ def test_the_lock_without_torch_is_the_full_lock_less_torch_and_its_cuda_wheels(
 
 def make_venv_lines(*variables: str) -> list[str]:
     done = subprocess.run(
-        ["make", "--no-print-directory", "-n", "venv", "VENV=/tmp/never", *variables], cwd=ROOT, capture_output=True, text=True, check=True
+        ["make", "--no-print-directory", "-n", "venv", "VENV=/tmp/never", *variables],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return done.stdout.splitlines()
 
