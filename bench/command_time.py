@@ -4,8 +4,8 @@ fails writes no time (a failed suite's minutes are no suite's).
 
     python bench/command_time.py --out results/bench/make_test.txt -- make test
 
-The README's "`make test` takes about N min" reads the minutes line this writes (tests/test_readme_times.py
-checks that it does). One run, not a median: the suite's time is not a speed target, it tells a reader what
+The README's "`make test` took N minutes" is the minutes line this writes (tests/test_bench.py
+checks that it is). One run, not a median: the suite's time is not a speed target, it tells a reader what
 to expect, and its own 2 pytest-xdist processes already fill both cores.
 """
 

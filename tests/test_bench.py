@@ -66,3 +66,22 @@ def test_the_engine_cost_bench_compares_both_engines_side_by_side():
     assert [row[0].strip() for row in costs] == ["vit (mnist1d, 4 epochs)", "gpt2 (pydoc, 4 updates)"]
     assert all(float(row[5]) > 0 for row in costs)  # runs per hour, fast / reference
     assert [row[1].strip() for row in finals] == ["top-1", "dense perplexity"]
+
+
+def test_the_readmes_make_test_time_is_the_one_command_time_wrote():
+    """The README's minutes for `make test` are results/bench/make_test.txt's, not typed."""
+    record = (ROOT / "results" / "bench" / "make_test.txt").read_text()
+    assert record.startswith("# command: make test\n")
+    minutes = re.search(r"^minutes: ([\d.]+)$", record, re.M).group(1)
+    assert f"`make test`\ntook {minutes} minutes on 2 cores" in (ROOT / "README.md").read_text()
+
+
+def test_command_time_writes_a_time_only_for_a_command_that_succeeds(tmp_path):
+    out = tmp_path / "time.txt"
+    ok = [sys.executable, str(ROOT / "bench" / "command_time.py"), "--out", str(out), "--"]
+    done = subprocess.run([*ok, sys.executable, "-c", "print('3 passed in 0.1s')"], capture_output=True, text=True)
+    assert done.returncode == 0 and out.read_text() == done.stdout
+    assert "# its last line: 3 passed in 0.1s\nminutes: 0.0\n" in out.read_text()
+    out.unlink()
+    failed = subprocess.run([*ok, sys.executable, "-c", "raise SystemExit(3)"], capture_output=True, text=True)
+    assert failed.returncode == 1 and not out.exists() and "exited 3: no time written" in failed.stderr
