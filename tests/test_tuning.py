@@ -594,3 +594,29 @@ def test_the_help_examples_run_as_written(tmp_path):
     (sweep,) = (clone / "multirun" / "tuning" / "gpt2_pydoc_horst").iterdir()
     (rerun,) = (sweep / "rerun").iterdir()
     assert [p.name.split("_seed")[1][:3] for p in rerun.iterdir() if p.is_dir()] == ["101"]
+
+
+@pytest.mark.slow  # 2 + 2 trials and a rerun of the tiny ViT (~20 s here; make test keeps under 10 min)
+def test_a_second_stage_samples_fresh_points_around_the_best_and_the_guard_keeps_the_pick_stable(tmp_path):
+    """`--refine-trials 2 --stability-radius 0.3`: after the search, two fresh quasi-random points
+    (another scramble) in the box around its best, numbered after the search's; the best trial
+    of both stages is rerun and picked, and the provenance holds the box and the guard."""
+    configs = tmp_path / "configs"
+    shutil.copytree(ROOT / "configs", configs)
+    values = tuning.tune("vit", "horst", trials=2, top_k=1, rerun_seeds=1, refine_trials=2, radius=0.3,
+                         overrides=TINY, commit="c0ffee", command="pytest", config_dir=configs,
+                         results_dir=tmp_path / "results", sweep_dir=tmp_path / "sweep")  # fmt: skip
+    rows = pd.read_csv(tmp_path / "results" / "vit" / "digits" / "tuning.csv")
+    assert list(zip(rows.stage, rows.trial)) == [("search", 0), ("search", 1), ("refine", 2), ("refine", 3),
+                                                 ("rerun", rows.trial.iloc[4])]  # fmt: skip
+    sampled = rows[rows.stage != "rerun"]
+    best = rows[rows.stage == "search"].loc[rows[rows.stage == "search"].score.idxmax()]
+    record = values["provenance"]
+    box = record["refine"]["space"]
+    assert box == tuning.refine_space(record["space"], best.to_dict(), 0.3) and record["refine"]["trials"] == 2
+    for key in ("train.base_lr", "optimizer.alpha", "optimizer.beta"):  # inside the box
+        assert all(0 <= tuning.position(value, box[key]) <= 1 for value in rows[rows.stage == "refine"][key])
+    assert not sampled[["train.base_lr", "optimizer.alpha"]].duplicated().any()  # fresh points, not the search's
+    assert rows.trial.iloc[4] == sampled.loc[sampled.score.idxmax()].trial  # the best of both stages, rerun
+    assert record["stability"] == {"radius": 0.3, "unstable": {}, "flag": None}
+    assert record["pick"]["trial"] == rows.trial.iloc[4]

@@ -32,7 +32,10 @@ from horst_sparse.analysis import tables
 
 CONFIDENCE = 0.80
 BAND_SEED = 0  # opda's band construction draws samples: a fixed generator, the same band every time
-SEARCH, RERUN = "search", "rerun"
+SEARCH, REFINE, RERUN = "search", "refine", "rerun"
+# the stages that sample points, one row per trial at the search seed: the search, and the fresh points of
+# its second stage around the best (horst_sparse.study.tuning.refine_space); the pick takes either
+SAMPLED = (SEARCH, REFINE)
 DRAWS = 2000
 
 
@@ -252,7 +255,7 @@ def _seeds(rows: pd.DataFrame, *, maximize: bool) -> tuple[np.ndarray, np.ndarra
     per trial, padded with 0 past its count) and seed counts, all as goodness (`_goodness`)."""
     if "arm" in rows and rows.arm.nunique() > 1:
         raise ValueError(f"the rows of one arm, not of {', '.join(map(str, rows.arm.unique()))}")
-    search = rows[stages(rows) == SEARCH].sort_values("trial", kind="stable")
+    search = rows[stages(rows).isin(SAMPLED)].sort_values("trial", kind="stable")
     if search.trial.duplicated().any() or not set(rows.trial) <= set(search.trial):
         raise ValueError("every trial needs exactly one search row (its reruns: stage 'rerun')")
     ids = search.trial.to_numpy(dtype=int)
@@ -294,7 +297,7 @@ def pick(rows: pd.DataFrame, *, maximize: bool, top_k: int, stability: Stability
     unstable = stability.unstable(rows)
     kept = [t for t in candidates if t not in unstable]
     if not kept:
-        reasons = "; ".join(f"trial {t}: {unstable[t]}" for t in candidates if t in unstable)
+        reasons = "; ".join(f"trial {t}: {unstable[t]}" for t in candidates or sorted(unstable) if t in unstable)
         raise NoStablePick(f"no stable trial among the top {top_k} of {rows.arm.iloc[0]}: {reasons or 'none ran'}")
     part = rows[rows.trial.isin(kept)]
     ids, search, seeds, counts = _seeds(part, maximize=maximize)
@@ -326,7 +329,7 @@ class Stability:
     def unstable(self, rows: pd.DataFrame) -> dict[int, str]:
         """One arm's unstable trials, each with why in words (which trial failed, at what distance)."""
         failed = rows[~np.isfinite(rows.score.to_numpy(dtype=float))]
-        search = rows[stages(rows) == SEARCH].drop_duplicates("trial")
+        search = rows[stages(rows).isin(SAMPLED)].drop_duplicates("trial")
         points = dict(zip(search.trial.astype(int), self.unit(search)))
         why = {}
         for trial, point in points.items():
@@ -348,7 +351,7 @@ def stable_top(rows: pd.DataFrame, *, maximize: bool, top_k: int, stability: Sta
     """The trials to rerun under a stability guard: the top k by search score among the search
     stage's stable trials (a trial next to a failed one is never rerun, so the budget of reruns
     goes to trials that can be picked)."""
-    search = rows[stages(rows) == SEARCH]
+    search = rows[stages(rows).isin(SAMPLED)]
     unstable = stability.unstable(search)
     kept = search[~search.trial.isin(unstable)]
     order = np.argsort(-_goodness(kept.score, maximize=maximize), kind="stable")

@@ -24,6 +24,7 @@ with warnings.catch_warnings():  # optuna 2.10 (hydra-optuna-sweeper's pin) name
     import optuna
 from omegaconf import OmegaConf
 
+from horst_sparse.analysis.tuning_curves import REFINE, RERUN, SAMPLED, SEARCH
 from horst_sparse.compose import VERSION_BASE, ComposeError, compose_in_context, hydra_context
 from horst_sparse.paths import CONFIGS
 from horst_sparse.paths import REPO as ROOT
@@ -45,6 +46,7 @@ from horst_sparse.training.config import RunError
 from horst_sparse.training.run_log import FAILED_FILE, SUMMARY_FILE, git_commit
 
 RESULTS = RESULTS_ROOT / "tuning"
+REFINE_SCRAMBLE = 1  # the second stage's Sobol scramble (the search's: configs/hydra/sweeper/sampler/sobol.yaml's 0)
 DEFAULT_TRIALS = 16
 # the pick noise of one seed: the best trials rerun at more tuning seeds, the pick the best mean (Choi et al. 2019
 # pick on one seed; with seed noise the size of the arms' differences a pick on one seed is partly luck)
@@ -391,9 +393,12 @@ def folder_score(plan: Tuning, folder: Path, config: Mapping[str, Any]) -> tuple
     return trial_score(pipeline.tuning, scores), "finished" if all(s.is_file() for s in summaries) else "failed"
 
 
-def collect(plan: Tuning, sweep_dir: Path, *, stage: str = "search", trial: int | None = None) -> list[dict[str, Any]]:
+def collect(
+    plan: Tuning, sweep_dir: Path, *, stage: str = SEARCH, trial: int | None = None, first: int = 0
+) -> list[dict[str, Any]]:
     """One row per trial (or, for a rerun sweep, per seed of `trial`), from the trial folders
-    (each has Hydra's overrides and its runs' summaries or failure records), in trial order."""
+    (each has Hydra's overrides and its runs' summaries or failure records), in trial order; a
+    sampling stage's trials numbered from `first` (the second stage's after the search's)."""
     rows = []
     for folder in sorted(
         (p for p in sweep_dir.iterdir() if (p / ".hydra" / "overrides.yaml").is_file()),
@@ -404,11 +409,11 @@ def collect(plan: Tuning, sweep_dir: Path, *, stage: str = "search", trial: int 
         score, status = folder_score(plan, folder, config)
         rows.append({
             "pipeline": plan.pipeline, "recipe": plan.recipe, "arm": plan.arm,
-            "trial": int(folder.name.split("_", 1)[0]) if trial is None else trial, "stage": stage,
+            "trial": first + int(folder.name.split("_", 1)[0]) if trial is None else trial, "stage": stage,
             "seed": int(config["seed"]), **{key: yaml.safe_load(overrides[key]) for key in plan.space},
             "eval_split": config.get("eval_split"), "metric": plan.objective, "score": score, "status": status,
         })  # fmt: skip
-    if stage == "search" and len(rows) != plan.trials:
+    if trial is None and len(rows) != plan.trials:
         raise TuningError(f"{sweep_dir} has {len(rows)} finished trial folders, not the {plan.trials} planned")
     return rows
 
@@ -423,24 +428,27 @@ def _override_value(value: Any) -> str:
 
 
 def run_reruns(
-    plan: Tuning, rows: list[dict[str, Any]], *, top_k: int, seeds: int, sweep_dir: Path, config_dir: Path = CONFIGS
+    plan: Tuning,
+    rows: list[dict[str, Any]],
+    candidates: list[int],
+    *,
+    seeds: int,
+    sweep_dir: Path,
+    config_dir: Path = CONFIGS,
 ) -> list[dict[str, Any]]:
-    """Rerun the `top_k` best search trials (the earlier of a tie first) at `seeds` more tuning seeds, the
-    ones after the search's, each at the values the search sampled; one row per rerun."""
-    if top_k < 1 or seeds < 1:
+    """Rerun the `candidates` (trial numbers, the best first: `top`) at `seeds` more tuning seeds, the
+    ones after the search's, each at the values it was sampled at; one row per rerun."""
+    if seeds < 1:
         return []
-    sign = 1 if plan.metric.direction == "maximize" else -1
-    best = sorted((r for r in rows if r["stage"] == "search"), key=lambda r: (-sign * r["score"], r["trial"]))[:top_k]
     found = []
-    for row in best:
-        folder = next(p for p in sweep_dir.iterdir() if p.name.split("_", 1)[0] == str(row["trial"]))
-        overrides = yaml.safe_load((folder / ".hydra" / "overrides.yaml").read_text())
-        rerun_dir = sweep_dir / "rerun" / f"trial{row['trial']}"
+    for number in candidates:
+        row = next(r for r in rows if r["trial"] == number and r["stage"] in SAMPLED)
+        rerun_dir = sweep_dir / "rerun" / f"trial{number}"
         arguments = [
             *plan.selection,
             *(o for o in plan.overrides
               if not o.startswith(("hydra.sweeper.", "hydra/sweeper")) and o.split("=", 1)[0] not in plan.space),
-            *(o for o in overrides if o.split("=", 1)[0] in plan.space),
+            *(f"{key}={row[key]}" for key in plan.space),
             f"seed={','.join(str(plan.seed + 1 + i) for i in range(seeds))}",
             f"eval_split={EVAL_SPLIT}",
             *([f"tune_over={_override_value(plan.tune_over)}"] if plan.tune_over else []),
@@ -448,8 +456,108 @@ def run_reruns(
             *([plan.subdir] if plan.subdir else []),
         ]  # fmt: skip
         _multirun(plan, arguments, rerun_dir, config_dir)
-        found += collect(plan, rerun_dir, stage="rerun", trial=row["trial"])
+        found += collect(plan, rerun_dir, stage=RERUN, trial=number)
     return found
+
+
+def _interval(distribution: str) -> Any:
+    """A sweeper distribution as Hydra parses it: an IntervalSweep (start, end, tags) or a choice."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create().parse_override(f"key={distribution}").value()
+
+
+def _written(sweep: Any, low: float, high: float) -> str:
+    """An interval of `sweep`'s kind (int, log-tagged or plain) from `low` to `high`."""
+    if isinstance(sweep.start, int) and isinstance(sweep.end, int):
+        return f"int(interval({round(low)}, {round(high)}))"
+    text = f"interval({low:.6g}, {high:.6g})"
+    return f"tag(log, {text})" if "log" in (sweep.tags or set()) else text
+
+
+def refine_space(space: Mapping[str, str], best: Mapping[str, Any], radius: float) -> dict[str, str]:
+    """The second search stage's space: the box of half-width `radius` around the first stage's
+    best point, in the unit cube the Sobol points fill (the ball of the pick's stability guard,
+    horst_sparse.analysis.tuning_curves.Stability). A log key's box goes past its range's ends, so
+    that a best point at an edge is refined beyond it; a linear key's (a warm-up) stops at them; a
+    choice keeps the best's value."""
+    from hydra.core.override_parser.types import IntervalSweep
+
+    box = {}
+    for key, distribution in space.items():
+        sweep = _interval(distribution)
+        if not isinstance(sweep, IntervalSweep):
+            box[key] = f"choice({best[key]})"
+            continue
+        u, log = position(float(best[key]), distribution), "log" in (sweep.tags or set())
+        ends = [u - radius, u + radius] if log else [max(u - radius, 0.0), min(u + radius, 1.0)]
+        low, high = float(sweep.start), float(sweep.end)
+        if log:
+            box[key] = _written(sweep, *(low * (high / low) ** t for t in ends))
+        else:
+            box[key] = _written(sweep, *(low + t * (high - low) for t in ends))
+    return box
+
+
+def union(space: Mapping[str, str], box: Mapping[str, str]) -> dict[str, str]:
+    """Each interval key's range over both stages (the search's and the second stage's box): where
+    the pick's edges are judged after a second stage."""
+    from hydra.core.override_parser.types import IntervalSweep
+
+    joined = dict(space)
+    for key, distribution in space.items():
+        first, second = _interval(distribution), _interval(box[key])
+        if isinstance(first, IntervalSweep):
+            joined[key] = _written(first, min(first.start, second.start), max(first.end, second.end))
+    return joined
+
+
+def run_refinement(
+    plan: Tuning, rows: list[dict[str, Any]], *, trials: int, radius: float, sweep_dir: Path, config_dir: Path
+) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """The second stage: `trials` fresh quasi-random points (the Sobol sequence's next scramble, not the
+    search's points rescaled) in `refine_space` around the search's best trial, numbered after the
+    search's; its rows and its space."""
+    best = top(rows, plan.metric, 1)[0]
+    box = refine_space(plan.space, next(r for r in rows if r["trial"] == best), radius)
+    stage = prepare(
+        plan.pipeline, plan.arm, trials=trials, config_dir=config_dir, sweep_dir=sweep_dir / REFINE, elsewhere=True,
+        keys=list(plan.space),
+        overrides=[*(o for o in plan.overrides if o.split("=", 1)[0] not in box), *(f"{k}={v}" for k, v in box.items()),
+                   f"hydra.sweeper.sampler.seed={REFINE_SCRAMBLE}"],
+    )  # fmt: skip
+    _multirun(stage, stage.arguments, sweep_dir / REFINE, config_dir)
+    return collect(stage, sweep_dir / REFINE, stage=REFINE, first=1 + max(r["trial"] for r in rows)), box
+
+
+def top(rows: list[dict[str, Any]], metric: TuningScore, k: int, stability: Any = None) -> list[int]:
+    """The k best sampled trials by their search-seed score (the earlier on a tie); with a `stability`
+    guard the k best stable ones (horst_sparse.analysis.tuning_curves.stable_top)."""
+    import pandas as pd
+
+    from horst_sparse.analysis.tuning_curves import stable_top
+
+    maximize = metric.direction == "maximize"
+    if stability is not None:
+        return stable_top(pd.DataFrame(rows), maximize=maximize, top_k=k, stability=stability)
+    sign = 1 if maximize else -1
+    sampled = sorted((r for r in rows if r["stage"] in SAMPLED), key=lambda r: (-sign * r["score"], r["trial"]))
+    return [r["trial"] for r in sampled[: max(k, 1)]]
+
+
+def stability_guard(space: Mapping[str, str], radius: float | None) -> Any:
+    """The pick's guard over the searched interval keys (`Stability`); None without a radius."""
+    from hydra.core.override_parser.types import IntervalSweep
+
+    from horst_sparse.analysis.tuning_curves import Stability
+
+    if radius is None:
+        return None
+    keys = {}
+    for key, distribution in space.items():
+        if isinstance(sweep := _interval(distribution), IntervalSweep):
+            keys[key] = (float(sweep.start), float(sweep.end), "log" in (sweep.tags or set()))
+    return Stability(keys, radius)
 
 
 EDGE = 0.05  # a pick within this fraction of its range's ends, in the range's scale, may be cut off by it
@@ -480,22 +588,30 @@ def edges(space: Mapping[str, str], pick: Mapping[str, Any]) -> list[str]:
     return found
 
 
-def pick(rows: list[dict[str, Any]], metric: TuningScore, top_k: int) -> dict[str, Any]:
-    """The picked trial's search row, with `mean` (its score over every seed it ran) and `seeds`:
-    the best mean over seeds among the `top_k` best search trials (the rule of
-    horst_sparse.analysis.tuning_curves.pick, the one judge; without reruns, the best search score)."""
+def pick(rows: list[dict[str, Any]], metric: TuningScore, top_k: int, stability: Any = None) -> dict[str, Any]:
+    """The picked trial's sampled row, with `mean` (its score over every seed it ran), `seeds` and
+    `flag`: the best mean over seeds among the `top_k` best sampled trials (the rule of
+    horst_sparse.analysis.tuning_curves.pick, the one judge; without reruns, the best search score).
+    With a `stability` guard, among the stable ones; where none is stable the unguarded pick,
+    flagged with each candidate's reason (the arm has no stable point in its budget: a result)."""
     import pandas as pd
 
+    from horst_sparse.analysis.tuning_curves import NoStablePick
     from horst_sparse.analysis.tuning_curves import pick as pick_rule
 
     frame = pd.DataFrame(rows)
-    chosen = pick_rule(frame, maximize=metric.direction == "maximize", top_k=top_k)
+    maximize, flag = metric.direction == "maximize", None
+    try:
+        chosen = pick_rule(frame, maximize=maximize, top_k=top_k, stability=stability)
+    except NoStablePick as error:
+        chosen, flag = pick_rule(frame, maximize=maximize, top_k=top_k), str(error)
     mine = frame[frame.trial == chosen]
-    search = next(r for r in rows if r["trial"] == chosen and r["stage"] == "search")
+    sampled = next(r for r in rows if r["trial"] == chosen and r["stage"] in SAMPLED)
     return {
-        **search,
+        **sampled,
         "mean": float(mine.score.mean()),
         "seeds": {int(r.seed): float(r.score) for r in mine.itertuples()},
+        "flag": flag,
     }
 
 
@@ -536,22 +652,25 @@ def write_pick(
     csv: Path | None = None,
     dry_run: bool = False,
     package: bool = False,
+    stability: Any = None,
+    refined: Mapping[str, str] | None = None,
 ) -> dict:
     """The arm's section of the recipe's tuned file with the pick and its provenance (the keys
     outside the search space kept, the other sections untouched), and the arm's rows of tuning.csv
     (of this protocol version) replaced; with `dry_run`, the values only (nothing written). With
     `package` the file is the arm's section alone and says where it goes (`# @package tuned.<arm>`),
-    so that a run adds it as an option of a group of its own (PICK_GROUP)."""
+    so that a run adds it as an option of a group of its own (PICK_GROUP). `stability`: the pick's
+    guard; `refined`: the second stage's space, where there was one (its edges are the union's)."""
     import pandas as pd
 
-    chosen = pick(rows, plan.metric, top_k)
+    chosen = pick(rows, plan.metric, top_k, stability)
     if not math.isfinite(chosen["mean"]):
         raise TuningError(f"every trial of {plan.arm} failed; nothing to pick (see the trial folders)")
     csv = csv or results_dir / plan.pipeline / plan.recipe / "tuning.csv"
     values = yaml.safe_load(plan.tuned_file.read_text()) if package else read_section(plan.tuned_file, plan.arm)
     for key in plan.space:
         values[key.rsplit(".", 1)[-1]] = chosen[key]
-    search = [r for r in rows if r["stage"] == "search"]
+    search = [r for r in rows if r["stage"] == SEARCH]
     values["provenance"] = {
         "made_by": command,
         "commit": commit,
@@ -565,15 +684,25 @@ def write_pick(
         "trials": len(search),
         "seeds": sorted({r["seed"] for r in search}),
         "top_k": top_k,
-        "rerun_seeds": sorted({r["seed"] for r in rows if r["stage"] == "rerun"}),
+        "rerun_seeds": sorted({r["seed"] for r in rows if r["stage"] == RERUN}),
         "eval_split": EVAL_SPLIT,
         "metric": plan.objective,
         "direction": plan.metric.direction,
         "scores": [r["score"] for r in search],
         "pick": {"trial": chosen["trial"], "score": chosen["mean"], "seeds": chosen["seeds"]},
-        "edges": edges(plan.space, chosen),
+        "edges": edges(union(plan.space, refined) if refined else plan.space, chosen),
         "tuning_csv": str(csv.relative_to(ROOT) if csv.is_relative_to(ROOT) else csv),
     }  # fmt: skip
+    if refined:
+        second = [r for r in rows if r["stage"] == REFINE]
+        values["provenance"]["refine"] = {"trials": len(second), "scramble": REFINE_SCRAMBLE, "space": dict(refined),
+                                          "scores": [r["score"] for r in second]}  # fmt: skip
+    if stability is not None:
+        unstable = stability.unstable(pd.DataFrame(rows))
+        values["provenance"]["stability"] = {
+            "radius": stability.radius, "unstable": {int(t): why for t, why in sorted(unstable.items())},
+            "flag": chosen["flag"],
+        }  # fmt: skip
     rule = f"the best mean over seeds of its {top_k} best" if top_k else "the best of"
     header = (
         f"# {plan.arm} under the {plan.pipeline} {plan.recipe} recipe: {rule} {len(search)} quasi-random trials on the\n"
@@ -631,9 +760,13 @@ def tune(
     out: Path | None = None,
     dry_run: bool = False,
     keys: Iterable[str] | None = None,
+    refine_trials: int = 0,
+    radius: float | None = None,
 ) -> dict:
-    """Prepare, run the trials and the reruns of the top k, write the pick; returns the arm's new
-    tuned values. A tuning stopped early continues in the same `sweep_dir` (finished runs are kept).
+    """Prepare, run the trials, the second stage's `refine_trials` around the best (`refine_space`,
+    of half-width `radius`), the reruns of the top k, write the pick; returns the arm's new tuned
+    values. With a `radius` the reruns and the pick keep to stable trials (`stability_guard`). A
+    tuning stopped early continues in the same `sweep_dir` (finished runs are kept).
     The pick goes to the recipe's tuned file and results/tuning/ (configs/ and results/ of this
     repository: only from the recipe's own settings), or into `out` (`pick/<arm>.yaml`, which a run
     loads with `--config-dir <out> +pick=<arm>`, and `tuning.csv`), or nowhere (`dry_run`). `keys`
@@ -648,13 +781,22 @@ def tune(
         copy.parent.mkdir(parents=True, exist_ok=True)
         copy.write_text(yaml.safe_dump(read_section(tuning.tuned_file, arm), sort_keys=False))
         tuning = dataclasses.replace(tuning, tuned_file=copy)
+    if refine_trials and radius is None:
+        raise TuningError("a second stage (--refine-trials) needs --stability-radius: its box's half-width")
     folder = run_trials(tuning, config_dir)
-    rows = collect(tuning, folder)
-    rows += run_reruns(tuning, rows, top_k=top_k, seeds=rerun_seeds, sweep_dir=folder, config_dir=config_dir)
+    rows, box = collect(tuning, folder), None
+    if refine_trials:
+        second, box = run_refinement(tuning, rows, trials=refine_trials, radius=radius, sweep_dir=folder,
+                                     config_dir=config_dir)  # fmt: skip
+        rows += second
+    guard = stability_guard(tuning.space, radius)
+    if top_k >= 1:
+        candidates = top(rows, tuning.metric, top_k, guard)
+        rows += run_reruns(tuning, rows, candidates, seeds=rerun_seeds, sweep_dir=folder, config_dir=config_dir)
     return write_pick(
         tuning, rows, commit=commit, command=command, top_k=top_k if rerun_seeds else 0, protocol=protocol,
         results_dir=results_dir, csv=None if out is None else Path(out) / "tuning.csv", dry_run=dry_run,
-        package=out is not None,
+        package=out is not None, stability=guard, refined=box,
     )  # fmt: skip
 
 
@@ -704,6 +846,16 @@ def main(argv: list[str] | None = None) -> None:
         default=DEFAULT_RERUN_SEEDS,
         help=f"... at this many more tuning seeds; the pick is the best mean (default {DEFAULT_RERUN_SEEDS})",
     )
+    parser.add_argument(
+        "--refine-trials", type=int, default=0,
+        help="a second stage: this many fresh quasi-random points in a box around the search's best, of half-width "
+        "--stability-radius (a log key's box goes past its range's edge); default 0: none",
+    )  # fmt: skip
+    parser.add_argument(
+        "--stability-radius", type=float, metavar="R",
+        help="rerun and pick only stable trials: none of whose seeds failed and no failed trial within R (L-infinity, "
+        "in the unit cube of the searched ranges); where none is, the pick is flagged",
+    )  # fmt: skip
     parser.add_argument("--protocol", type=Path, help="the study protocol file the tuning belongs to (its rows say so)")
     parser.add_argument(
         "--sweep-dir", type=Path, help="the trials' folder (default: a new one); the same again continues a tuning"
@@ -745,12 +897,16 @@ def main(argv: list[str] | None = None) -> None:
             out=args.out.resolve() if args.out else None,
             dry_run=args.dry_run,
             keys=args.keys,
+            refine_trials=args.refine_trials,
+            radius=args.stability_radius,
             commit=commit,
             command=typed("tune", argv),
         )
     except RunError as error:
         sys.exit(f"error: {error}")
     pick = values["provenance"]["pick"]
+    if flag := (values["provenance"].get("stability") or {}).get("flag"):
+        print(f"warning: the pick is flagged unstable ({flag})", file=sys.stderr)
     for edge in values["provenance"]["edges"]:
         print(
             f"warning: the pick has {edge} of its range (outer {EDGE:.0%}): widen the range in "
