@@ -177,7 +177,7 @@ def test_committed_outputs_agree_and_regenerate_from_the_record(tmp_path, folder
     protocol versions has one report per version (v<N>/, by its own rules) and every version's
     verdicts in its claims.md and headline.md."""
     from horst_sparse.study import protocol
-    from horst_sparse.study.report import write_versions_report
+    from horst_sparse.study.report import label, repeats, write_versions_report
 
     committed = ROOT / folder
     frame = runs.read_record([committed / "runs.csv"])
@@ -191,9 +191,11 @@ def test_committed_outputs_agree_and_regenerate_from_the_record(tmp_path, folder
                 shutil.copy(saved, tmp_path / f"v{version.version}")
         write_versions_report(frame, tmp_path, versions, split=split, folders={}, source=f"{folder}/runs.csv", intro="")
         reports = [committed / f"v{version}" for version in sorted(set(frame.protocol.astype(int)))]
+        repeated = repeats(frame, versions)
         for version in reports:
             _same_report(tmp_path / version.name, version)
-            labelled = f"**Protocol {version.name} ({versions[int(version.name[1:]) - 1].status})**"
+            number = int(version.name[1:])
+            labelled = f"**Protocol {label(versions[number - 1], repeated.get(number, {}))}**"
             assert labelled in (committed / "headline.md").read_text()
             assert (version / "claims.md").read_text() in (committed / "claims.md").read_text()
         for name in ("claims.md", "headline.md"):
@@ -323,3 +325,18 @@ def test_real_run_folders_through_the_whole_report(tmp_path, monkeypatch, compos
         assert (tmp_path / "out" / figure).read_bytes().startswith(b"\x89PNG")
     runs.write_record(frame, tmp_path / "runs.csv")
     assert len(runs.read_record([tmp_path / "runs.csv"])) == len(frame)
+
+
+def test_each_set_of_runs_has_one_label_and_the_headline_shows_it_once():
+    """A version whose runs of a pipeline are an earlier version's (the same runs at the same
+    commits: v6's ViT runs are v5's) is labelled so, and its headline points to that version for the
+    pipeline's claims instead of showing the same numbers twice."""
+    from horst_sparse.study import protocol
+    from horst_sparse.study.report import repeats
+
+    frame = runs.read_record([ROOT / "results" / "embedded" / "runs.csv"])
+    versions = protocol.versions("embedded")
+    assert repeats(frame, versions) == {2: {"vit": 1}, 6: {"vit": 5}}
+    headline = (ROOT / "results" / "embedded" / "headline.md").read_text()
+    assert "**Protocol v6 (confirmatory for its new runs; vit: v5's runs)**" in headline
+    assert "- Claim 1: v5's runs (shown under v5)" in headline and headline.count("+2.51 [-0.48, +5.50]") == 1

@@ -157,11 +157,34 @@ DECAY = {"train.lr": "tag(log, interval(3e-4, 2e-2))", "optimizer.weight_decay":
              "horst": _provenance(16, [100], space=DECAY)},
             r"^arm adamw was tuned without searching optimizer.weight_decay \(--keys\), which horst searched",
         ),
+        (
+            {"adamw": _provenance(16, [100], refine={"trials": 8}), "horst": _provenance(16, [100])},
+            r"unequal second stages \(adamw 8, horst 0\)",
+        ),
+        (
+            {"adamw": _provenance(16, [100], stability={"radius": 0.3}), "horst": _provenance(16, [100])},
+            r"unequal stability guards \(radius adamw 0.3, horst None\)",
+        ),
+        (
+            {"adamw": _provenance(16, [100], engine="fast"), "horst": _provenance(16, [100])},
+            r"arms tuned on different engines \(adamw fast, horst reference\)",
+        ),
+        (  # a pick at an edge its protocol did not declare, with no second stage to refine it
+            {"adamw": _provenance(16, [100], edges=["train.lr at the upper edge"])},
+            r"arm adamw's pick has train.lr at the upper edge of its range",
+        ),
     ],
 )  # fmt: skip
 def test_unequal_budgets_are_refused(arms, message):
     with pytest.raises(budget.BudgetError, match=message):
         budget.check_equal_budgets(arms, arms, reporting_seeds=range(10))
+
+
+def test_an_edge_left_after_a_second_stage_is_flagged_not_refused():
+    """The second stage refined the edge past the range the protocol fixed: what is left there is in
+    the pick's provenance (`edges`), and the study runs."""
+    refined = _provenance(16, [100], edges=["train.lr at the upper edge"], refine={"trials": 8})
+    budget.check_equal_budgets({"adamw": refined}, ["adamw"], reporting_seeds=range(10))
 
 
 def test_equal_budgets_pass_and_the_committed_picks_were_not_tuned_alike(tuned):

@@ -51,6 +51,10 @@ def check_equal_budgets(
         ("unequal reruns of the best trials ({})", lambda r: f"top {r.get('top_k', 0)} at seeds "
          f"{list(r.get('rerun_seeds') or ())}", "with the same --top-k and --rerun-seeds"),
         ("the arms were scored on different cells (tune_over: {})", lambda r: r.get("tune_over"), "over one shared space"),
+        ("unequal second stages ({})", lambda r: (r.get("refine") or {}).get("trials", 0), "with the same --refine-trials"),
+        ("unequal stability guards (radius {})", lambda r: (r.get("stability") or {}).get("radius"),
+         "with the same --stability-radius"),
+        ("arms tuned on different engines ({})", lambda r: r.get("engine", "reference"), "on one engine"),
     ):  # fmt: skip
         each = {arm: shown(r) for arm, r in records.items()}
         if len({yaml.safe_dump(v) for v in each.values()}) > 1:
@@ -63,7 +67,10 @@ def check_equal_budgets(
                     f"arm {arm} was tuned without searching {', '.join(both)} (--keys), which {other} searched; "
                     "retune them over the same keys"
                 )
-        if undeclared := [e for e in record.get("edges", []) if not edge_declared(arm, e, declared_edges)]:
+        # a second stage refined the pick's edges past the range: an edge left after it is flagged in its
+        # provenance, not refused (no range to widen that the protocol did not already fix)
+        undeclared = [e for e in record.get("edges", []) if not edge_declared(arm, e, declared_edges)]
+        if undeclared and not record.get("refine"):
             raise BudgetError(
                 f"arm {arm}'s pick has {', '.join(undeclared)} of its range: widen the range in "
                 "configs/hparams_search/ and retune, or declare the edge in the study's protocol"
@@ -97,10 +104,18 @@ def check_nested_spaces(spaces: Mapping[str, Mapping[str, str]]) -> None:
 
 def check_budgets(jobs: Sequence[Job], declared_edges: Sequence[str] = ()) -> None:
     """Per pipeline, check_equal_budgets over every set of tuned values its jobs read (`tuned_as`: an
-    optimizer's or an arm's own, so the budget counts arms; a control reads another arm's values)."""
+    optimizer's or an arm's own, so the budget counts arms; a control reads another arm's values),
+    and the runs on the engine their picks were tuned on."""
     for group in by_pipeline(jobs).values():
         arms = sorted({j.config["tuned_as"] for j in group})
         check_equal_budgets(group[0].config["tuned"], arms, sorted({j.seed for j in group}), declared_edges)
+        for job in group:
+            tuned_on = job.provenance().get("engine", "reference")
+            if job.config.get("engine", "reference") != tuned_on:
+                raise BudgetError(
+                    f"{job.run} runs on engine={job.config.get('engine')} at a pick tuned on engine={tuned_on}: "
+                    "run it on the engine its arm was tuned on, or retune"
+                )
 
 
 def tunings(protocol: Any, jobs: Sequence[Job], versions: Sequence[Any] = ()) -> list[list[str]]:
@@ -124,9 +139,13 @@ def tunings(protocol: Any, jobs: Sequence[Job], versions: Sequence[Any] = ()) ->
             if made == protocol.version:
                 continue
             folder = Path("outputs") / protocol.study / f"v{protocol.version}" / "tuning" / pipeline / arm
+            second = [
+                *(["--refine-trials", str(budget["refine_trials"][pipeline])] if "refine_trials" in budget else []),
+                *(["--stability-radius", str(budget["stability_radius"])] if "stability_radius" in budget else []),
+            ]
             lines.append(
                 ["horst-sparse", "tune", pipeline, arm, "--trials", str(budget["trials"][pipeline]),
-                 "--top-k", str(budget["top_k"][pipeline]), "--rerun-seeds", str(budget["rerun_seeds"]),
+                 "--top-k", str(budget["top_k"][pipeline]), "--rerun-seeds", str(budget["rerun_seeds"]), *second,
                  "--protocol", str(protocol.path.relative_to(REPO)), "--sweep-dir", str(folder),
                  f"{get_pipeline(pipeline).recipe_group}={group[0].recipe}", *budget["overrides"]]
             )  # fmt: skip
@@ -136,4 +155,7 @@ def tunings(protocol: Any, jobs: Sequence[Job], versions: Sequence[Any] = ()) ->
 def tuning_runs(record: Mapping[str, Any]) -> int:
     """The runs a tuning made (its provenance): every search trial and rerun, one run per cell."""
     per_trial = len(cells(record.get("tune_over")))
-    return (record.get("trials", 0) + record.get("top_k", 0) * len(record.get("rerun_seeds") or [])) * per_trial
+    second = (record.get("refine") or {}).get("trials", 0)
+    return (
+        record.get("trials", 0) + second + record.get("top_k", 0) * len(record.get("rerun_seeds") or [])
+    ) * per_trial

@@ -4,6 +4,7 @@ protocol, one report per version with the study's claims and headline over all o
 from __future__ import annotations
 
 import math
+import re
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
@@ -111,6 +112,33 @@ def cost_table(frame: pd.DataFrame, jobs: Sequence[Job]) -> str:
     return tables.markdown(pd.DataFrame(rows).replace("nan", "–"), right=0) + f"\nMachine: {machine}.\n"
 
 
+def repeats(frame: pd.DataFrame, versions: Sequence[Any]) -> dict[int, dict[str, int]]:
+    """{version: {pipeline: earlier version}}: the pipelines whose runs under a version are an earlier
+    version's runs counted again (the same runs at the same commits), not a new set of runs."""
+
+    def runs(version: int, pipeline: str) -> set:
+        rows = frame[(frame["protocol"] == version) & (frame.pipeline == pipeline)]
+        return set(zip(rows.run, rows.git_commit))
+
+    found: dict[int, dict[str, int]] = {}
+    numbers = [v.version for v in versions]
+    for i, version in enumerate(numbers):
+        for pipeline in sorted(set(frame[frame["protocol"] == version].pipeline)):
+            mine = runs(version, pipeline)
+            if earlier := next((e for e in numbers[:i] if runs(e, pipeline) == mine), None):
+                found.setdefault(version, {})[pipeline] = earlier
+    return found
+
+
+def label(protocol: Any, repeated: dict[str, int]) -> str:
+    """One label per set of runs: the version's status names only its new runs; a pipeline whose runs
+    an earlier version made is named as that version's."""
+    if not repeated:
+        return protocol.label
+    again = "; ".join(f"{pipeline}: v{earlier}'s runs" for pipeline, earlier in sorted(repeated.items()))
+    return f"v{protocol.version} ({protocol.status} for its new runs; {again})"
+
+
 def write_versions_report(
     frame: pd.DataFrame,
     out: Path,
@@ -126,6 +154,7 @@ def write_versions_report(
     from horst_sparse.analysis import claims, report
 
     claims_parts, headlines = [], []
+    repeated = repeats(frame, versions)
     for protocol in reversed(versions):  # the newest first
         rows = frame[frame["protocol"] == protocol.version]
         if rows.empty:
@@ -133,7 +162,8 @@ def write_versions_report(
         rules = claims.load_rules(protocol.claims)
         rules["source"] = str(protocol.claims.relative_to(REPO))
         folder = out / f"v{protocol.version}"
-        legend = f"Protocol {protocol.label} ({protocol.path.relative_to(REPO)}): {protocol.why}"
+        named = label(protocol, again := repeated.get(protocol.version, {}))
+        legend = f"Protocol {named} ({protocol.path.relative_to(REPO)}): {protocol.why}"
         text = report.write_report(
             rows,
             folder,
@@ -141,13 +171,19 @@ def write_versions_report(
             split=split,
             folders=folders,
             source=f"{source}, protocol {protocol.version}",
-            intro=f"# The {protocol.study} study, protocol {protocol.label}\n\n{legend}\n",
+            intro=f"# The {protocol.study} study, protocol {named}\n\n{legend}\n",
         )
-        claims_parts.append(f"# Protocol {protocol.label}\n\n{legend}\n\n{text}")
+        claims_parts.append(f"# Protocol {named}\n\n{legend}\n\n{text}")
         body = (folder / "headline.md").read_text().split("\n", 1)[1].rsplit(report.HEADLINE_END, 1)[0].strip()
-        headlines.append(
-            f"**Protocol {protocol.label}** ({protocol.path.relative_to(REPO)}; v{protocol.version}/):\n\n{body}"
-        )
+        for claim in rules["claims"]:  # each set of runs once: a repeated pipeline's claims point to their version
+            if claim["pipeline"] in again:
+                body = re.sub(
+                    rf"^- Claim {re.escape(str(claim['id']))}: .*$",
+                    f"- Claim {claim['id']}: v{again[claim['pipeline']]}'s runs (shown under v{again[claim['pipeline']]})",
+                    body,
+                    flags=re.M,
+                )
+        headlines.append(f"**Protocol {named}** ({protocol.path.relative_to(REPO)}; v{protocol.version}/):\n\n{body}")
     (out / "claims.md").write_text("\n\n".join(claims_parts))
     headline = "\n".join([report.HEADLINE_START, "", "\n\n".join(headlines), "", report.HEADLINE_END]) + "\n"
     (out / "headline.md").write_text(headline)

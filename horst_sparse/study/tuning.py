@@ -147,6 +147,7 @@ class Tuning:
     tune_over: Any = None  # a trial's cells (the search space's `tune_over`)
     subdir: str = ""  # hydra.sweep.subdir=...: a trial folder's name, its cells' values in it (trial_subdir)
     left_out: list[str] = dataclasses.field(default_factory=list)  # keys of the space --keys did not search
+    engine: str = "reference"  # the kernels its trials ran on (horst_sparse.training.engine): its runs' too
 
     @property
     def metric(self) -> TuningScore:
@@ -295,7 +296,7 @@ def prepare(
     ]
     left_out = [key for key in whole if key not in space]
     return Tuning(pipeline, arm, recipe, tuned_file, space, int(cfg.seed), trials, arguments, list(overrides),
-                  selection(search), tune_over, subdir, left_out)  # fmt: skip
+                  selection(search), tune_over, subdir, left_out, cfg.engine)  # fmt: skip
 
 
 def restrict(space: Mapping[str, str], keys: list[str], name: str, searched: Mapping[str, str]) -> dict[str, str]:
@@ -680,6 +681,7 @@ def write_pick(
         "sampler": "horst_sparse.study.tuning.SobolSampler (scrambled Sobol, hydra-optuna-sweeper)",
         "space": plan.space,
         "left_out": plan.left_out,
+        **({"engine": plan.engine} if plan.engine != "reference" else {}),  # v1-v6's picks: the reference engine
         "tune_over": plan.tune_over,
         "trials": len(search),
         "seeds": sorted({r["seed"] for r in search}),
