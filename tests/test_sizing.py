@@ -48,6 +48,13 @@ def test_a_record_sizes_each_endpoint_and_divergence_costs_seeds():
     lost = sizing.sizing(frame, RULES, {"top1": 1.0}).iloc[2]
     assert lost.n == 8 and lost.diverged_share == pytest.approx(0.2)
     assert lost.seeds == math.ceil(lost.seeds_t * math.pi / 3 / 0.8)
+    # planned seeds: the effect they detect, on the seeds the signed-rank test and divergence leave
+    paid = sizing.sizing(frame, RULES, {"top1": 1.0}, planned={"vit": 40}).iloc[2]
+    usable = math.floor(40 * 3 / math.pi * 0.8)
+    assert paid.planned == 40 and paid.detectable_planned == sizing.detectable_effect(
+        lost.sd, usable, alpha=0.05 / 4, power=0.8
+    )
+    assert paid.detectable_planned < lost.detectable  # 30 usable pairs against 8
 
 
 def test_the_command_writes_its_table_and_refuses_bad_input(tmp_path):
@@ -66,6 +73,7 @@ def test_the_command_writes_its_table_and_refuses_bad_input(tmp_path):
         (["--effect", "ppl=1.05", "--protocol", "3"], f"error: {path} has no runs of protocol v3"),
         (["--effect", "pl=1.05"], "error: --effect pl=1.05: give METRIC=VALUE, a metric of the rules"),
         (["--effect", "ppl=x"], "error: --effect ppl=x: give METRIC=VALUE"),
+        (["--effect", "ppl=1.05", "--seeds", "gpt2=many"], "error: --seeds gpt2=many: give PIPELINE=N"),
         ([], "error: state the smallest effect that matters"),
     ):
         refused = subprocess.run([*command, *bad], capture_output=True, text=True)

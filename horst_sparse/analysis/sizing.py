@@ -53,10 +53,15 @@ def seeds_needed(sd: float, effect: float, *, alpha: float, power: float) -> int
     return low
 
 
-def sizing(frame: pd.DataFrame, rules: dict[str, Any], effects: dict[str, float]) -> pd.DataFrame:
+def sizing(
+    frame: pd.DataFrame, rules: dict[str, Any], effects: dict[str, float], planned: dict[str, int] | None = None
+) -> pd.DataFrame:
     """One row per `at` endpoint of `rules`' claims whose metric has a stated effect in `effects`
     (a difference in the metric's unit, or a ratio for a metric of scale `ratio`). `frame`: one
-    study's final numbers on one split (several protocol versions' rows must be filtered first)."""
+    study's final numbers on one split (several protocol versions' rows must be filtered first).
+    `planned` ({pipeline: seeds}): also the effect a study with that many seeds detects
+    (`detectable_planned`: the t-test at alpha / family on the seeds the signed-rank test's
+    efficiency and the divergence share leave, as `seeds` counts them the other way round)."""
     confidence, power = rules["confidence"], rules["power"]
     alpha = 1 - confidence
     frame = final_numbers(frame)
@@ -87,6 +92,9 @@ def sizing(frame: pd.DataFrame, rules: dict[str, Any], effects: dict[str, float]
                     if needed_t is not None and needed_t <= MOST_SEEDS and kept > 0
                     else (MOST_SEEDS + 1 if needed_t is not None else None)
                 )
+                paid = (planned or {}).get(claim["pipeline"])
+                usable = math.floor(paid * SIGNED_RANK_EFFICIENCY * kept) if paid and kept > 0 else 0
+                at_paid = detectable_effect(sd, usable, alpha=alpha / family, power=power) if paid else math.nan
                 rows.append(
                     {
                         "claim": claim["id"],
@@ -100,6 +108,8 @@ def sizing(frame: pd.DataFrame, rules: dict[str, Any], effects: dict[str, float]
                         "seeds_t": needed_t,
                         "diverged_share": 1 - kept,
                         "seeds": needed,
+                        "planned": paid,
+                        "detectable_planned": math.exp(at_paid) if log else at_paid,
                     }
                 )
     return pd.DataFrame.from_records(rows)
@@ -119,12 +129,17 @@ def to_markdown(table: pd.DataFrame, *, confidence: float, power: float) -> str:
         "| seeds, signed-rank counting divergence |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    planned = "planned" in table and table.planned.notna().any()
+    if planned:
+        lines[0] += " seeds planned | detectable at the planned seeds, counting divergence |"
+        lines[1] += "---|---|"
     for row in table.itertuples():
         ratio = row.unit == "ppl ratio"
         shown = (lambda v: f"×{v:.3f}") if ratio else (lambda v: f"{v:.2f}")  # noqa: E731
         lines.append(
             f"| {row.claim} | {row.endpoint} | {row.n} | {row.sd:.3f} | {shown(row.detectable)} | {shown(row.effect)} "
             f"| {row.family} | {_count(row.seeds_t)} | {row.diverged_share:.0%} | {_count(row.seeds)} |"
+            + (f" {row.planned:.0f} | {shown(row.detectable_planned)} |" if planned else "")
         )
     return "\n".join(lines) + "\n"
 
@@ -155,8 +170,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--effect", action="append", default=[], metavar="METRIC=VALUE", help="the smallest effect that matters"
     )
+    parser.add_argument(
+        "--seeds", action="append", default=[], metavar="PIPELINE=N",
+        help="the seeds a study plans: also the effect each endpoint detects at them",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, help="also write the table, with the command, to this markdown file")
     args = parser.parse_args(argv)
+    try:
+        planned = {p: int(n) for p, _, n in (spec.partition("=") for spec in args.seeds)}
+    except ValueError:
+        sys.exit(f"error: --seeds {' '.join(args.seeds)}: give PIPELINE=N, e.g. --seeds vit=40")
     rules = load_rules(args.rules)
     effects = {}
     for spec in args.effect:
@@ -180,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.exit(f"error: {args.record} has no runs of protocol v{args.protocol}")
         frame = frame[frame.protocol == args.protocol]
     frame = frame[frame.eval_split == rules["split"]]
-    table = sizing(frame, rules, effects)
+    table = sizing(frame, rules, effects, planned)
     command = "horst-sparse sizing " + " ".join(sys.argv[2:] if argv is None else argv)
     text = (
         f"Written by `{command}` from the record: the seeds each endpoint needs to detect the smallest effect that "
