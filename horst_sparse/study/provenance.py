@@ -15,10 +15,11 @@ from horst_sparse.study import protocol as protocols
 from horst_sparse.study.jobs import Job, StudyError
 
 # What a run's numbers depend on: the libraries, the pipelines and their scaffolding, the configs
-# (not the results layer, the study's own code, the planner or the fingerprint: no run reads them)
+# (not the results layer, the study's own code, the tuning's sampler, the planner or the fingerprint:
+# no run reads them)
 CODE = (
     *("horst", "pruning", "horst_sparse", "configs"),
-    *(f":(exclude)horst_sparse/{p}" for p in ("analysis", "study", "plan.py", "fingerprint.py")),
+    *(f":(exclude)horst_sparse/{p}" for p in ("analysis", "study", "sobol.py", "plan.py", "fingerprint.py")),
 )
 
 
