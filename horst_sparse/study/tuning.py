@@ -68,9 +68,7 @@ class Tuning:
     trials: int
     arguments: list[str]  # the multirun's command line
     overrides: list[str] = dataclasses.field(default_factory=list)  # the user's, of every trial
-    selection: list[str] = dataclasses.field(
-        default_factory=list
-    )  # what selects the arm: optimizer=horst, experiment=...
+    selection: list[str] = dataclasses.field(default_factory=list)  # what selects the arm: optimizer=horst, ...
     tune_over: Any = None  # a trial's cells (the search space's `tune_over`)
     subdir: str = ""  # hydra.sweep.subdir=...: a trial folder's name, its cells' values in it (trial_subdir)
     left_out: list[str] = dataclasses.field(default_factory=list)  # keys of the space --keys did not search
@@ -89,35 +87,30 @@ class Tuning:
 
 
 def require_clean_tree(root: Path | None = None, *, tuning: tuple[str, str] | None = None) -> str:
-    """The commit of a clean git tree (this repository's unless `root`), or a one-line
-    `TuningError`: a pick must name the code that made it. With `tuning=(pipeline, optimizer)`
-    the other arms' picks of that pipeline (their sections of configs/tuned/<pipeline>/<recipe>.yaml)
-    and results/ (the tuning records, a study's tables) may be uncommitted: a study tunes its arms
-    one after another, and an arm's trials read only its own section and no result."""
+    """The commit of a clean git tree (this repository's unless `root`; results/, the tuning records
+    and a study's tables, aside), or a one-line `TuningError`: a pick must name the code that made it.
+    With `tuning=(pipeline, arm)` the other arms' picks of that pipeline (their sections of
+    configs/tuned/<pipeline>/<recipe>.yaml) may be uncommitted too: a study tunes its arms one after
+    another, and an arm's trials read only its own section."""
+    from horst_sparse.study.provenance import uncommitted
+
     root = ROOT if root is None else root
     commit = git_commit(root)
     if commit == "unknown":
         raise TuningError(f"{root} is not a git repository: a pick records the commit it was made at")
-    changed = subprocess.run(
-        ["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True
-    ).stdout.splitlines()
-    if tuning is not None:
-        pipeline, optimizer = tuning
-        others = f"configs/tuned/{pipeline}/"
 
-        def allowed(path: str) -> bool:
-            if path.startswith("results/"):
-                return True
-            if not (path.startswith(others) and path.count("/") == 3 and (root / path).is_file()):
-                return False
-            committed = subprocess.run(["git", "show", f"HEAD:{path}"], cwd=root, capture_output=True, text=True)
-            mine = (yaml.safe_load(committed.stdout) or {}).get(optimizer) if committed.returncode == 0 else None
-            return mine is not None and mine == read_section(root / path, optimizer)
+    def allowed(
+        path: str,
+    ) -> bool:  # another arm's pick: a tuned file of the pipeline's, this arm's section as committed
+        if tuning is None or not (path.startswith(f"configs/tuned/{tuning[0]}/") and path.count("/") == 3):
+            return False
+        committed = subprocess.run(["git", "show", f"HEAD:{path}"], cwd=root, capture_output=True, text=True)
+        mine = (yaml.safe_load(committed.stdout) or {}).get(tuning[1]) if committed.returncode == 0 else None
+        return mine is not None and mine == read_section(root / path, tuning[1])
 
-        changed = [line for line in changed if not allowed(line[3:].strip())]
-    if changed:
+    if changed := uncommitted(root, allowed):
         raise TuningError(
-            f"the git tree at {root} has uncommitted changes ({changed[0].strip()}, ...): commit or stash them "
+            f"the git tree at {root} has uncommitted changes ({changed[0]}, ...): commit or stash them "
             "first; a pick records the commit it was made at"
         )
     return commit.removesuffix("-dirty")
@@ -157,9 +150,7 @@ def prepare(
     if problem := misspelt_key(pipeline, list(overrides)) or unknown_option(list(overrides)):
         raise TuningError(problem)
     arguments = [f"+hparams_search={pipeline}_{arm}", *overrides]
-    parsed = OverridesParser.create().parse_overrides(
-        list(overrides)
-    )  # a sweep on the command line replaces the YAML's
+    parsed = OverridesParser.create().parse_overrides(list(overrides))  # a sweep here replaces the YAML's
     searched = {o.key_or_group: o.input_line.split("=", 1)[1] for o in parsed if o.is_sweep_override()}
     changed = recipe_changes(registered, parsed)
     if changed and not elsewhere:
