@@ -1,4 +1,4 @@
-"""The pilot that sets the GPT-2 training length of the embedded study's protocol v3 (issue 31),
+"""The pilot that sets the GPT-2 training length of the embedded study's protocols (v3 on),
 by a rule that reads AdamW's validation perplexity only (never HORST's, never the test split).
 
     python -m scripts.pilot_gpt2_length            # AdamW at 150/300/600/1200 updates x tuning seeds 100, 101

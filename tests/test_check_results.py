@@ -1,4 +1,4 @@
-"""horst_sparse.study.check: a record made in the reproducible CPU mode is judged bit for bit; one made
+"""horst_sparse.analysis.reruns (and study.check): a record made in the reproducible CPU mode is judged bit for bit; one made
 without it, by reruns against its committed seeds' spread, a diverged run ranked worst."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from itertools import combinations
 import pandas as pd
 import pytest
 
+from horst_sparse.analysis import reruns
 from horst_sparse.study import check
 
 NAN = math.nan
@@ -34,31 +35,31 @@ COMMITTED = [81.2, 83.0, 79.5, 84.1, 82.2, 80.9, 83.7, 82.8, 81.5, 85.0]
 
 def test_the_rank_test_is_exact_over_every_split():
     # all 3 reruns below all 10 committed: the 2 most extreme of C(13, 3) splits (one on each side)
-    assert check.rank_test(COMMITTED, [70.0, 71.0, 72.0], higher_is_better=True) == pytest.approx(2 / 286)
-    assert check.rank_test(COMMITTED, [90.0, 91.0, 92.0], higher_is_better=True) == pytest.approx(2 / 286)
-    assert check.rank_test(COMMITTED, [81.0, 83.1, 82.5], higher_is_better=True) > 0.5
+    assert reruns.rank_test(COMMITTED, [70.0, 71.0, 72.0], higher_is_better=True) == pytest.approx(2 / 286)
+    assert reruns.rank_test(COMMITTED, [90.0, 91.0, 92.0], higher_is_better=True) == pytest.approx(2 / 286)
+    assert reruns.rank_test(COMMITTED, [81.0, 83.1, 82.5], higher_is_better=True) > 0.5
     # the p of a split is the share of splits at least as far from the middle (by brute force here)
     pooled = [*COMMITTED, 78.0, 80.0, 86.0]
     ranks = pd.Series(pooled).rank().tolist()
     mean = sum(ranks) / len(ranks)
     far = abs(sum(ranks[-3:]) / 3 - mean)
     brute = sum(abs(sum(s) / 3 - mean) >= far - 1e-12 for s in combinations(ranks, 3)) / 286
-    assert check.rank_test(COMMITTED, [78.0, 80.0, 86.0], higher_is_better=True) == pytest.approx(brute)
+    assert reruns.rank_test(COMMITTED, [78.0, 80.0, 86.0], higher_is_better=True) == pytest.approx(brute)
 
 
 def test_a_diverged_run_ranks_worst_on_either_metric():
-    assert check.rank_test(COMMITTED, [NAN, NAN, NAN], higher_is_better=True) == pytest.approx(2 / 286)
+    assert reruns.rank_test(COMMITTED, [NAN, NAN, NAN], higher_is_better=True) == pytest.approx(2 / 286)
     ppl = [60.0 + i for i in range(10)]
-    assert check.rank_test(ppl, [NAN, NAN, NAN], higher_is_better=False) == pytest.approx(2 / 286)
+    assert reruns.rank_test(ppl, [NAN, NAN, NAN], higher_is_better=False) == pytest.approx(2 / 286)
     # one diverged rerun among ordinary ones is no verdict against the record
-    assert check.rank_test(ppl, [NAN, 63.5, 65.5], higher_is_better=False) >= check.ALPHA
+    assert reruns.rank_test(ppl, [NAN, 63.5, 65.5], higher_is_better=False) >= reruns.ALPHA
 
 
 def test_reruns_inside_the_spread_pass_and_reruns_beyond_it_fail(capsys):
     committed = rows(COMMITTED)
-    assert check.within_spread(committed, rows([81.0, 83.1, 82.5]), [10, 11, 12]) == 0
+    assert reruns.within_spread(committed, rows([81.0, 83.1, 82.5]), [10, 11, 12]) == 0
     assert "within the committed spread" in capsys.readouterr().out
-    assert check.within_spread(committed, rows([70.0, 71.0, NAN]), [10, 11, 12]) == 1
+    assert reruns.within_spread(committed, rows([70.0, 71.0, NAN]), [10, 11, 12]) == 1
     out = capsys.readouterr().out
     assert "OUTSIDE the committed spread" in out and "diverged 0 of 10 committed, 1 of 3 rerun" in out
     assert "the record does NOT reproduce" in out
@@ -71,13 +72,13 @@ def test_only_the_endpoint_is_tested_and_the_rest_shown(capsys):
             rows(COMMITTED, metric="ppl", method="magnitude", sparsity=0.9),
         ]
     )
-    reruns = pd.concat(
+    rerun = pd.concat(
         [
             rows([82.0, 83.0, 81.0], metric="ppl", method="none", pattern="dense", sparsity=0.0),
             rows([200.0, 210.0, 220.0], metric="ppl", method="magnitude", sparsity=0.9),
         ]
     )
-    assert check.within_spread(committed, reruns, [10, 11, 12]) == 0
+    assert reruns.within_spread(committed, rerun, [10, 11, 12]) == 0
     out = capsys.readouterr().out
     assert (
         "ppl magnitude unstructured 0.9: reruns 200, 210, 220; committed 79.5 to 85; diverged 0 of 10 committed, 0 of 3 rerun (shown, not tested)"
@@ -88,18 +89,18 @@ def test_only_the_endpoint_is_tested_and_the_rest_shown(capsys):
 def test_bit_for_bit_is_the_recorded_digits_and_a_divergence_matches_a_divergence(capsys):
     committed = pd.concat([rows([82.123456789012, NAN], mode=True)])
     same = rows([82.12345678901, NAN], mode=True)  # equal to the record's 10 significant digits
-    assert check.exactly(committed, same.iloc[:1], [10]) == 0
+    assert reruns.exactly(committed, same.iloc[:1], [10]) == 0
     assert "1 of 1 numbers identical: the record reproduces bit for bit" in capsys.readouterr().out
-    assert check.exactly(committed, rows([82.1234568], mode=True), [10]) == 1
+    assert reruns.exactly(committed, rows([82.1234568], mode=True), [10]) == 1
     assert "DIFFERS" in capsys.readouterr().out
-    assert check.exactly(committed.iloc[1:].assign(seed=10), rows([NAN], mode=True), [10]) == 0
+    assert reruns.exactly(committed.iloc[1:].assign(seed=10), rows([NAN], mode=True), [10]) == 0
     assert "committed diverged, rerun diverged: identical" in capsys.readouterr().out
 
 
 def test_a_record_without_the_mode_recorded_is_not_in_it():
-    assert check.in_reproducible_mode(rows([1.0], mode=True))
-    assert not check.in_reproducible_mode(rows([1.0], mode=NAN))
-    assert not check.in_reproducible_mode(rows([1.0, 2.0]).assign(reproducible_cpu=[True, False]))
+    assert reruns.in_reproducible_mode(rows([1.0], mode=True))
+    assert not reruns.in_reproducible_mode(rows([1.0], mode=NAN))
+    assert not reruns.in_reproducible_mode(rows([1.0, 2.0]).assign(reproducible_cpu=[True, False]))
 
 
 def test_the_demo_judges_identical_numbers_and_shows_a_divergence_as_such(tmp_path, capsys):
@@ -122,13 +123,13 @@ def test_the_demo_judges_identical_numbers_and_shows_a_divergence_as_such(tmp_pa
     )
     committed = rows([NAN, 61.5], metric="ppl", method="none", pattern="dense", sparsity=0.0, mode=True).assign(**base)
     committed.to_csv(reference, index=False)
-    assert check.compare_with_reference(committed, reference) == 0
+    assert reruns.compare_with_reference(committed, reference) == 0
     out = capsys.readouterr().out
     assert "| diverged | diverged | yes |" in out and "2 of 2 numbers identical, bit for bit" in out
     assert "reproducible mode" in out
-    assert check.compare_with_reference(committed.assign(value=[NAN, 61.6]), reference) == 1
+    assert reruns.compare_with_reference(committed.assign(value=[NAN, 61.6]), reference) == 1
     native = committed.assign(reproducible_cpu=False)
-    assert check.compare_with_reference(native, reference) == 1
+    assert reruns.compare_with_reference(native, reference) == 1
     assert "the numbers are shown, not judged" in capsys.readouterr().out
 
 
@@ -149,7 +150,7 @@ def test_a_gpt2_whose_perplexity_pruning_does_not_move_is_collapsed():
             run("gpt2/ham/seed0", NAN, {0.5: NAN, 0.9: NAN}),  # diverged: shown as diverged, not collapsed
         ]
     )
-    assert check.collapsed(frame) == {"gpt2/horst/seed0"}
+    assert reruns.collapsed(frame) == {"gpt2/horst/seed0"}
 
 
 def test_a_protocol_from_v7_on_accepts_only_runs_in_the_reproducible_mode():
@@ -163,12 +164,12 @@ def test_a_protocol_from_v7_on_accepts_only_runs_in_the_reproducible_mode():
 def test_a_diverged_run_without_a_row_for_a_number_counts_as_diverged_in_it(capsys):
     dense = rows(COMMITTED[:8] + [NAN, NAN], metric="ppl", method="none", pattern="dense", sparsity=0.0)
     wanda = rows(COMMITTED[:8], metric="ppl", method="wanda", sparsity=0.5)  # the diverged two have no wanda row
-    reruns = pd.concat(
+    rerun = pd.concat(
         [
             rows([80.0, 81.0, 82.0], metric="ppl", method="none", pattern="dense", sparsity=0.0),
             rows([80.0, 81.0, 82.0], metric="ppl", method="wanda", sparsity=0.5),
         ]
     )
-    check.within_spread(pd.concat([dense, wanda]), reruns, [10, 11, 12])
+    reruns.within_spread(pd.concat([dense, wanda]), rerun, [10, 11, 12])
     out = capsys.readouterr().out
     assert "ppl wanda unstructured 0.5: reruns 80, 81, 82; committed 79.5 to 84.1; diverged 2 of 10 committed" in out

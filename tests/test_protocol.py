@@ -54,7 +54,7 @@ def test_every_version_loads_in_order_and_the_newest_is_confirmatory_and_runnabl
     assert [v.version for v in versions] == list(range(1, len(versions) + 1))
     assert all(v.status in protocol.STATUSES and v.why and v.registration for v in versions)
     current = protocol.current("embedded")
-    assert current.status == "confirmatory" and current.runnable
+    assert current.status == "confirmatory" and current.presets  # runnable: it names the presets it runs
     assert study.presets_of("embedded") == sorted(current.presets)
     assert len({v.hash for v in versions}) == len(versions)
     assert protocol.tuned_under(current, versions).version <= current.version

@@ -21,6 +21,7 @@ import yaml
 from conftest import HORST_SPARSE, ROOT, _subprocess_env
 
 import horst_sparse.vit.data
+from horst_sparse import sobol
 from horst_sparse.compose import compose
 from horst_sparse.pipeline import get
 from horst_sparse.study import budget, tuning
@@ -218,9 +219,9 @@ def test_trial_i_of_every_arm_is_the_same_point_in_the_shared_space(tuned):
 
 
 def _sobol_points(scores) -> list[dict]:
-    optuna = tuning.optuna  # imported there without its SQLAlchemy deprecation warning
+    optuna = sobol.optuna  # imported there without its SQLAlchemy deprecation warning
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(sampler=tuning.SobolSampler(seed=0))
+    study = optuna.create_study(sampler=sobol.SobolSampler(seed=0))
     for score in scores:
         trial = study.ask()
         (

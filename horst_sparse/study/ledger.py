@@ -85,8 +85,7 @@ def version_file_problems(versions: list[protocol.Protocol]) -> list[str]:
             problems.append(f"{version.path.name} is not committed: commit it (its registration)")
             continue
         name = str(version.path.relative_to(version.root))
-        registered = protocol._fixed(name, protocol._reader(version.root, version.registration))
-        if protocol._fixed(name, protocol._reader(version.root, None)) != registered:
+        if version.fixed_at(None) != version.fixed_at(version.registration):
             problems.append(
                 f"{name} fixes other values than its registration ({version.registration[:12]}) did: restore them "
                 f"(git diff {version.registration[:12]} -- {name}); a change is a new version"

@@ -61,12 +61,6 @@ class Protocol:
         return list(self.spec.get("presets") or [])
 
     @property
-    def runnable(self) -> bool:
-        """Whether the study can still run this version: it names presets of the current configs
-        (a version recorded after the fact names the commit its runs came from instead)."""
-        return bool(self.presets)
-
-    @property
     def claims(self) -> Path:
         return REPO / self.spec["claims"]
 
@@ -79,17 +73,17 @@ class Protocol:
         return list(self.tuning.get("declared_edges") or [])
 
     @property
-    def files(self) -> set[str]:
-        return _named(self.spec)
-
-    @property
     def retuned(self) -> set[tuple[str, str]]:
         """The (pipeline, arm) a version that takes an earlier version's tunings tunes anew."""
         return {tuple(entry.split()) for entry in self.spec.get("retune") or []}
 
-    @property
-    def retuned_files(self) -> set[str]:
-        return {f"configs/hparams_search/{pipeline}_{arm}.yaml" for pipeline, arm in self.retuned}
+    def fixed_at(self, commit: str | None) -> dict[str, Any] | None:
+        """What its file fixes at `commit` (None: the working tree), merged, its label (`hash`) aside;
+        None where the commit lacks the file."""
+        name, read = str(self.path.relative_to(self.root)), _reader(self.root, commit)
+        if read(name) is None:
+            return None
+        return {k: v for k, v in _spec(name, read).items() if k != "hash"}
 
 
 def _named(spec: Mapping[str, Any]) -> set[str]:
@@ -114,11 +108,6 @@ def _spec(name: str, read: Callable[[str], str | None]) -> dict[str, Any]:
         return own
     base = _spec(str(Path(name).with_name(f"v{own.pop('extends')}.yaml")), read)
     return _merge({k: v for k, v in base.items() if k not in OWN}, own)
-
-
-def _fixed(name: str, read: Callable[[str], str | None]) -> dict[str, Any]:
-    """What the version file `name` fixes: its merged spec but its label (`hash`)."""
-    return {k: v for k, v in _spec(name, read).items() if k != "hash"}
 
 
 def _reader(root: Path, commit: str | None) -> Callable[[str], str | None]:
@@ -202,10 +191,10 @@ def _files_at(commit: str, names: Iterable[str], root: Path) -> set[str]:
     return set(listed.stdout.decode().split())
 
 
-def _blob(commit: str | None, path: str, root: Path) -> str:
-    """The git blob id of `path` at `commit` (None: the working tree's file); '' where it has none."""
-    args = ["hash-object", path] if commit is None else ["rev-parse", "--verify", "-q", f"{commit}:{path}"]
-    return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True).stdout.strip()
+def _blobs(path: str, commits: Iterable[str | None], root: Path) -> frozenset[str]:
+    """The git blob ids of `path` at `commits` (None: the working tree's file; '' where it has none)."""
+    args = [["hash-object", path] if c is None else ["rev-parse", "--verify", "-q", f"{c}:{path}"] for c in commits]
+    return frozenset(subprocess.run(["git", *a], cwd=root, capture_output=True, text=True).stdout.strip() for a in args)
 
 
 def reviewed(versions: Iterable[Protocol]) -> set[tuple[str, frozenset[str]]]:
@@ -215,16 +204,16 @@ def reviewed(versions: Iterable[Protocol]) -> set[tuple[str, frozenset[str]]]:
     return {
         (
             path,
-            frozenset(_blob(v.registration, path, v.root) for v in (by_version[version.spec["tunings_from"]], version)),
+            _blobs(path, [by_version[version.spec["tunings_from"]].registration, version.registration], version.root),
         )
         for version in by_version.values()
-        for path in version.retuned_files
+        for path in (f"configs/hparams_search/{pipeline}_{arm}.yaml" for pipeline, arm in version.retuned)
     }
 
 
 def is_reviewed(path: str, commits: tuple[str | None, str | None], changes: set, root: Path = REPO) -> bool:
     """Whether the file's change between the two commits (None: the working tree) is a reviewed one."""
-    return (path, frozenset(_blob(c, path, root) for c in commits)) in changes
+    return (path, _blobs(path, commits, root)) in changes
 
 
 def check_unchanged(protocol: Protocol, commits: Iterable[str | None], changes: set = frozenset()) -> None:
@@ -234,10 +223,12 @@ def check_unchanged(protocol: Protocol, commits: Iterable[str | None], changes: 
     compared. A version recorded after its runs (`commit`: the record it names) fixed nothing."""
     if "commit" in protocol.spec:
         return
-    name = str(protocol.path.relative_to(protocol.root))
     if protocol.registration is None:
-        raise ProtocolError(f"{name} is not committed: commit it (its registration) before its runs and tunings")
-    registered = _fixed(name, _reader(protocol.root, protocol.registration))
+        raise ProtocolError(
+            f"{protocol.path.relative_to(protocol.root)} is not committed: commit it (its registration) before "
+            "its runs and tunings"
+        )
+    registered = protocol.fixed_at(protocol.registration)
     problems = []
     for commit in sorted(set(commits), key=str):
         where = [protocol.registration, *([commit] if commit else []), "--", *sorted(_named(registered))]
@@ -247,9 +238,8 @@ def check_unchanged(protocol: Protocol, commits: Iterable[str | None], changes: 
             continue
         pair = (protocol.registration, commit)
         changed = [f for f in diff.stdout.split() if not is_reviewed(f, pair, changes, protocol.root)]
-        read = _reader(protocol.root, commit)
-        if read(name) is not None and _fixed(name, read) != registered:
-            changed.append(name)
+        if protocol.fixed_at(commit) not in (None, registered):
+            changed.append(str(protocol.path.relative_to(protocol.root)))
         if changed:
             problems.append(f"{commit[:12] if commit else 'the working tree'}: {', '.join(changed)}")
     if problems:

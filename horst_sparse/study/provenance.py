@@ -4,7 +4,7 @@ protocol's files as its registration left them (horst_sparse.study.protocol)."""
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +15,11 @@ from horst_sparse.study import protocol as protocols
 from horst_sparse.study.jobs import Job, StudyError
 
 # What a run's numbers depend on: the libraries, the pipelines and their scaffolding, the configs
-# (not the results layer, the study's own code, the planner or the fingerprint: no run reads them)
+# (not the results layer, the study's own code, the tuning's sampler, the planner or the fingerprint:
+# no run reads them)
 CODE = (
     *("horst", "pruning", "horst_sparse", "configs"),
-    *(f":(exclude)horst_sparse/{p}" for p in ("analysis", "study", "plan.py", "fingerprint.py")),
+    *(f":(exclude)horst_sparse/{p}" for p in ("analysis", "study", "sobol.py", "plan.py", "fingerprint.py")),
 )
 
 
@@ -32,11 +33,18 @@ def _git(*args: str, repo: Path = REPO) -> str:
     return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout
 
 
+def uncommitted(repo: Path = REPO, allowed: Callable[[str], bool] = lambda path: False) -> list[str]:
+    """The working tree's changes (`git status --porcelain` lines) but those in results/, a study's
+    and a tuning's own output, and those whose path `allowed` allows."""
+    lines = _git("status", "--porcelain", "--", ".", ":(exclude)results", repo=repo).splitlines()
+    return [line.strip() for line in lines if not allowed(line[3:].strip())]
+
+
 def check_clean(repo: Path = REPO) -> None:
     """Refuse a tree with changes outside results/: every number must come from a commit."""
-    if changed := _git("status", "--porcelain", "--", ".", ":(exclude)results", repo=repo).splitlines():
+    if changed := uncommitted(repo):
         raise StudyError(
-            f"the working tree has uncommitted changes ({len(changed)} files, e.g. {changed[0][3:]}): "
+            f"the working tree has uncommitted changes ({len(changed)} files, e.g. {changed[0]}): "
             "commit or stash them, so every run records a commit that holds its code"
         )
 

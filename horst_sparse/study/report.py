@@ -12,9 +12,9 @@ from typing import Any
 
 import pandas as pd
 
+from horst_sparse.analysis.reruns import machine_text
 from horst_sparse.paths import REPO
 from horst_sparse.study.budget import tuning_runs
-from horst_sparse.study.check import machine_text
 from horst_sparse.study.jobs import Job, by_pipeline, command, preset_config
 
 

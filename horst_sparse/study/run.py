@@ -15,11 +15,12 @@ from pathlib import Path
 import pandas as pd
 
 from horst_sparse.analysis.report import write_report
+from horst_sparse.analysis.reruns import compare_with_reference
 from horst_sparse.analysis.runs import RECORD_COLUMNS, NoRunsError, read_record, write_record
 from horst_sparse.paths import REPO
 from horst_sparse.study import protocol as protocols
 from horst_sparse.study.budget import check_budgets, tunings
-from horst_sparse.study.check import check_results, compare_with_reference, unreproducible_runs
+from horst_sparse.study.check import check_results, unreproducible_runs
 from horst_sparse.study.jobs import (
     StudyError,
     command,
@@ -76,7 +77,7 @@ def run_study(
     except protocols.ProtocolError:
         versions = []  # the demo: no comparison, no protocol
     current = versions[-1] if versions else None
-    if current is not None and not current.runnable:
+    if current is not None and not current.presets:  # a version recorded after its runs names their commit instead
         raise StudyError(f"{current.path.relative_to(REPO)} names no presets: the study has no version to run")
     presets = presets_of(study)
     chosen = presets_of(study, pipelines)

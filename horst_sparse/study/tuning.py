@@ -16,12 +16,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import yaml
 
 with warnings.catch_warnings():  # optuna 2.10 (hydra-optuna-sweeper's pin) names SQLAlchemy's pre-2.0 API
     warnings.simplefilter("ignore", DeprecationWarning)
-    import optuna
 from omegaconf import OmegaConf
 
 from horst_sparse.analysis.tuning_curves import REFINE, RERUN, SAMPLED, SEARCH
@@ -56,75 +54,6 @@ DEFAULT_TOP_K, DEFAULT_RERUN_SEEDS = 3, 2
 PICK_GROUP = "pick"
 
 
-# ---- quasi-random search ---------------------------------------------------------------------
-
-
-class SobolSampler(optuna.samplers.BaseSampler):
-    """Quasi-random search: trial n takes point n of a scrambled Sobol sequence
-    (`scipy.stats.qmc.Sobol`), one coordinate per parameter in the order the sweeper first asks
-    for them (the order of `hydra.sweeper.params`). The points do not depend on any score, so
-    batches of trials launched in parallel get the same points as one by one.
-
-    This is what optuna's `QMCSampler` does; hydra-optuna-sweeper 1.3 pins optuna < 3, which
-    does not have it."""
-
-    MAX_DIMENSIONS = 32
-
-    def __init__(self, seed: int = 0) -> None:
-        self.seed = seed
-        self._dimensions: dict[str, int] = {}
-        self._points = np.empty((0, self.MAX_DIMENSIONS))
-
-    def infer_relative_search_space(self, study, trial) -> dict:
-        return {}
-
-    def sample_relative(self, study, trial, search_space) -> dict:
-        return {}
-
-    def point(self, number: int) -> np.ndarray:
-        """Point `number` of the sequence, in [0, 1) per coordinate."""
-        from scipy.stats import qmc
-
-        if number >= len(self._points):  # the sequence's first 2^m points, m as small as it can be
-            m = max(1, math.ceil(math.log2(number + 1)))
-            self._points = qmc.Sobol(self.MAX_DIMENSIONS, scramble=True, seed=self.seed).random_base2(m)
-        return self._points[number]
-
-    def sample_independent(self, study, trial, param_name: str, param_distribution) -> Any:
-        dimension = self._dimensions.setdefault(param_name, len(self._dimensions))
-        if dimension >= self.MAX_DIMENSIONS:
-            raise TuningError(f"a search space has more than {self.MAX_DIMENSIONS} parameters")
-        return from_unit(float(self.point(trial.number)[dimension]), param_distribution)
-
-
-def from_unit(u: float, distribution) -> Any:
-    """The value at quantile `u` in [0, 1) of an optuna distribution."""
-    d = optuna.distributions
-
-    def bin_of(count: int) -> int:
-        return min(int(u * count), count - 1)
-
-    if isinstance(distribution, d.CategoricalDistribution):
-        return distribution.choices[bin_of(len(distribution.choices))]
-    if isinstance(distribution, d.IntLogUniformDistribution):
-        low, high = math.log(distribution.low), math.log(distribution.high + 1)
-        return min(int(math.exp(low + u * (high - low))), distribution.high)
-    if isinstance(distribution, d.IntUniformDistribution):
-        return (
-            distribution.low
-            + bin_of((distribution.high - distribution.low) // distribution.step + 1) * distribution.step
-        )
-    if isinstance(distribution, d.DiscreteUniformDistribution):
-        steps = round((distribution.high - distribution.low) / distribution.q)
-        return distribution.low + bin_of(steps + 1) * distribution.q
-    if isinstance(distribution, d.LogUniformDistribution):
-        low, high = math.log(distribution.low), math.log(distribution.high)
-        return math.exp(low + u * (high - low))
-    if isinstance(distribution, d.UniformDistribution):
-        return distribution.low + u * (distribution.high - distribution.low)
-    raise TuningError(f"the search space uses {type(distribution).__name__}, which the Sobol sampler does not support")
-
-
 # ---- one arm's tuning ------------------------------------------------------------------------
 
 
@@ -141,9 +70,7 @@ class Tuning:
     trials: int
     arguments: list[str]  # the multirun's command line
     overrides: list[str] = dataclasses.field(default_factory=list)  # the user's, of every trial
-    selection: list[str] = dataclasses.field(
-        default_factory=list
-    )  # what selects the arm: optimizer=horst, experiment=...
+    selection: list[str] = dataclasses.field(default_factory=list)  # what selects the arm: optimizer=horst, ...
     tune_over: Any = None  # a trial's cells (the search space's `tune_over`)
     subdir: str = ""  # hydra.sweep.subdir=...: a trial folder's name, its cells' values in it (trial_subdir)
     left_out: list[str] = dataclasses.field(default_factory=list)  # keys of the space --keys did not search
@@ -163,35 +90,30 @@ class Tuning:
 
 
 def require_clean_tree(root: Path | None = None, *, tuning: tuple[str, str] | None = None) -> str:
-    """The commit of a clean git tree (this repository's unless `root`), or a one-line
-    `TuningError`: a pick must name the code that made it. With `tuning=(pipeline, optimizer)`
-    the other arms' picks of that pipeline (their sections of configs/tuned/<pipeline>/<recipe>.yaml)
-    and results/ (the tuning records, a study's tables) may be uncommitted: a study tunes its arms
-    one after another, and an arm's trials read only its own section and no result."""
+    """The commit of a clean git tree (this repository's unless `root`; results/, the tuning records
+    and a study's tables, aside), or a one-line `TuningError`: a pick must name the code that made it.
+    With `tuning=(pipeline, arm)` the other arms' picks of that pipeline (their sections of
+    configs/tuned/<pipeline>/<recipe>.yaml) may be uncommitted too: a study tunes its arms one after
+    another, and an arm's trials read only its own section."""
+    from horst_sparse.study.provenance import uncommitted
+
     root = ROOT if root is None else root
     commit = git_commit(root)
     if commit == "unknown":
         raise TuningError(f"{root} is not a git repository: a pick records the commit it was made at")
-    changed = subprocess.run(
-        ["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True
-    ).stdout.splitlines()
-    if tuning is not None:
-        pipeline, optimizer = tuning
-        others = f"configs/tuned/{pipeline}/"
 
-        def allowed(path: str) -> bool:
-            if path.startswith("results/"):
-                return True
-            if not (path.startswith(others) and path.count("/") == 3 and (root / path).is_file()):
-                return False
-            committed = subprocess.run(["git", "show", f"HEAD:{path}"], cwd=root, capture_output=True, text=True)
-            mine = (yaml.safe_load(committed.stdout) or {}).get(optimizer) if committed.returncode == 0 else None
-            return mine is not None and mine == read_section(root / path, optimizer)
+    def allowed(
+        path: str,
+    ) -> bool:  # another arm's pick: a tuned file of the pipeline's, this arm's section as committed
+        if tuning is None or not (path.startswith(f"configs/tuned/{tuning[0]}/") and path.count("/") == 3):
+            return False
+        committed = subprocess.run(["git", "show", f"HEAD:{path}"], cwd=root, capture_output=True, text=True)
+        mine = (yaml.safe_load(committed.stdout) or {}).get(tuning[1]) if committed.returncode == 0 else None
+        return mine is not None and mine == read_section(root / path, tuning[1])
 
-        changed = [line for line in changed if not allowed(line[3:].strip())]
-    if changed:
+    if changed := uncommitted(root, allowed):
         raise TuningError(
-            f"the git tree at {root} has uncommitted changes ({changed[0].strip()}, ...): commit or stash them "
+            f"the git tree at {root} has uncommitted changes ({changed[0]}, ...): commit or stash them "
             "first; a pick records the commit it was made at"
         )
     return commit.removesuffix("-dirty")
@@ -231,9 +153,7 @@ def prepare(
     if problem := misspelt_key(pipeline, list(overrides)) or unknown_option(list(overrides)):
         raise TuningError(problem)
     arguments = [f"+hparams_search={pipeline}_{arm}", *overrides]
-    parsed = OverridesParser.create().parse_overrides(
-        list(overrides)
-    )  # a sweep on the command line replaces the YAML's
+    parsed = OverridesParser.create().parse_overrides(list(overrides))  # a sweep here replaces the YAML's
     searched = {o.key_or_group: o.input_line.split("=", 1)[1] for o in parsed if o.is_sweep_override()}
     changed = recipe_changes(registered, parsed)
     if changed and not elsewhere:
@@ -678,7 +598,7 @@ def write_pick(
         "date": datetime.date.today().isoformat(),
         "protocol": None if protocol is None else {"version": protocol.version, "hash": protocol.hash,
                                                    "file": str(protocol.path.relative_to(ROOT))},
-        "sampler": "horst_sparse.study.tuning.SobolSampler (scrambled Sobol, hydra-optuna-sweeper)",
+        "sampler": "horst_sparse.sobol.SobolSampler (scrambled Sobol, hydra-optuna-sweeper)",
         "space": plan.space,
         "left_out": plan.left_out,
         **({"engine": plan.engine} if plan.engine != "reference" else {}),  # v1-v6's picks: the reference engine
