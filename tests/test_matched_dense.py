@@ -148,3 +148,16 @@ def test_protocol_v7s_rules_judge_claim_2_at_matched_dense_quality_counting_dive
     assert at_50.test == "signed-rank" and at_50.n == 9 and at_50.outcome == claims.SUPPORTS
     assert "horst − adamw: gain at 90 % minus gain at 70 %" in judgement.index
     assert ["horst", "adamw"] in rules["comparisons"]["gpt2"]  # the plain ratio: shown, not judged
+
+
+def test_v7s_report_draws_one_figure_with_adamw_as_the_reference_and_ham_as_a_curve(tmp_path):
+    """claims_v7.yaml's matched endpoints compare with AdamW and with HAM: the report judges both and
+    draws one figure, every seed's curve of AdamW (the first reference) and HAM's mean curve."""
+    rules = claims.load_rules(ROOT / "protocols" / "embedded" / "claims_v7.yaml")
+    frame = study({0.5: -0.1, 0.9: -0.2}, seeds=6, outside=())
+    ham = frame[frame.arm == "adamw"].assign(arm="ham", optimizer="ham", signature="ham")
+    ham = ham.assign(run=ham.run.str.replace("adamw", "ham"), value=ham.value * 1.01)
+    assert report.matched_figure_of(rules)[1:3] == ("adamw", ["adamw", "horst", "ham", "horst_prunable"])
+    text = report.write_report(pd.concat([frame, ham], ignore_index=True), tmp_path, rules=rules, split="test")
+    assert "horst / adamw at 50 %, matched dense perplexity" in text and "horst / ham at 50 %, matched dense" in text
+    assert (tmp_path / "pruned_vs_dense.png").is_file()

@@ -68,7 +68,10 @@ def test_the_command_writes_its_table_and_refuses_bad_input(tmp_path):
     done = subprocess.run([*command, "--protocol", "7", "--effect", "ppl=1.05", "--out", str(out)], capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert out.read_text() == done.stdout and "| 2 | horst / adamw at 90 % | 6 |" in done.stdout
-    assert f"Written by `horst-sparse sizing {path} --protocol 7 --effect ppl=1.05" in done.stdout
+    assert (
+        f"Written by `horst-sparse sizing {path} --protocol 7 --effect ppl=1.05" in done.stdout
+        and " at commit " in done.stdout
+    )
     for bad, message in (
         (["--effect", "ppl=1.05", "--protocol", "3"], f"error: {path} has no runs of protocol v3"),
         (["--effect", "pl=1.05"], "error: --effect pl=1.05: give METRIC=VALUE, a metric of the rules"),

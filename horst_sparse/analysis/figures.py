@@ -330,6 +330,8 @@ def matched_figure(
         panel = data[np.isclose(data.sparsity, sparsity)]
         for k, arm in enumerate(arms):
             mine, color = panel[panel.arm == arm], arm_color(arm, arms)
+            if mine.empty:  # an arm the record has no curve of yet
+                continue
             final = mine[mine[STEP].isna()]
             seeds = mine.seed.nunique()
             if arm == reference:

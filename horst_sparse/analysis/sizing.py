@@ -205,8 +205,11 @@ def main(argv: list[str] | None = None) -> int:
     frame = frame[frame.eval_split == rules["split"]]
     table = sizing(frame, rules, effects, planned)
     command = "horst-sparse sizing " + " ".join(sys.argv[2:] if argv is None else argv)
+    from horst_sparse.training.run_log import git_commit
+
     text = (
-        f"Written by `{command}` from the record: the seeds each endpoint needs to detect the smallest effect that "
+        f"Written by `{command}` at commit {git_commit(args.record)[:12]} from the record (no run; the same "
+        "numbers on any machine): the seeds each endpoint needs to detect the smallest effect that "
         f"matters at {rules['power']:.0%} power, from the spread of the pairs measured "
         "(horst_sparse/analysis/sizing.py says how; sd is of log ratios for perplexity).\n\n"
         + to_markdown(table, confidence=rules["confidence"], power=rules["power"])
