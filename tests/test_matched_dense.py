@@ -161,3 +161,27 @@ def test_v7s_report_draws_one_figure_with_adamw_as_the_reference_and_ham_as_a_cu
     text = report.write_report(pd.concat([frame, ham], ignore_index=True), tmp_path, rules=rules, split="test")
     assert "horst / adamw at 50 %, matched dense perplexity" in text and "horst / ham at 50 %, matched dense" in text
     assert (tmp_path / "pruned_vs_dense.png").is_file()
+
+
+@pytest.mark.parametrize(
+    "metric,ratio,sign,low,high,words",
+    [
+        ("top1", False, 1, -0.4, 0.8, "excludes a gain of 1 top-1 points or more and a loss of 1 top-1 points or more"),
+        ("top1", False, 1, -2.0, 0.8, "excludes a gain of 1 top-1 points or more"),
+        ("top1", False, 1, -2.0, 3.0, ""),  # too wide to rule out the effect that matters either way
+        ("ppl", True, -1, math.log(0.97), math.log(1.2), "excludes a gain of ×1.05 or more"),
+        ("ppl", True, -1, math.log(0.9), math.log(1.02), "excludes a loss of ×1.05 or more"),
+    ],
+)
+def test_an_undecided_endpoint_says_which_effects_its_interval_excludes(metric, ratio, sign, low, high, words):
+    """v7's rules state the smallest effect that matters; an undecided endpoint's interval is read
+    against it in the claimed direction (for perplexity, lower is the gain)."""
+    from types import SimpleNamespace
+
+    rules = claims.load_rules(ROOT / "protocols" / "embedded" / "claims_v7.yaml")
+    unit = "top-1 points" if metric == "top1" else "ppl ratio"
+    row = SimpleNamespace(metric=metric, ratio=ratio, sign=sign, low=low, high=high, n=10, unit=unit, margin=None,
+                          outcome=claims.UNDECIDED)  # fmt: skip
+    assert report.excluded(row, rules) == words
+    assert report.excluded(SimpleNamespace(**{**row.__dict__, "outcome": claims.SUPPORTS}), rules) == ""
+    assert report.excluded(row, claims.load_rules()) == ""  # v3-v6's rules state no effect

@@ -25,6 +25,7 @@ figure only; everything else reads the final numbers.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -200,9 +201,10 @@ def claims_markdown(
                 continue
             lost = f" ({row.unpaired}, not in the pairs)" if row.unpaired and not counting else ""
             lost += f" ({outside}, not in the pairs)" if (outside := not_comparable(row)) else ""
+            rules_out = f"; {words}" if (words := excluded(row, rules)) else ""
             lines.append(
                 f"   - {row.endpoint}: {tables.estimate_text(row)} {row.unit}, n={row.n}{lost}, "
-                f"Holm p {tables.p_text(row.p_holm)}: {row.outcome}"
+                f"Holm p {tables.p_text(row.p_holm)}: {row.outcome}{rules_out}"
             )
     if counting:
         lines += complete_case_markdown(judgement, verdicts, rules)
@@ -245,6 +247,21 @@ def not_comparable(row: Any) -> str:
     """A matched endpoint's seeds outside the reference's curve, in words; '' for any other endpoint."""
     words = getattr(row, "not_comparable", "")
     return words if isinstance(words, str) else ""
+
+
+def excluded(row: Any, rules: dict[str, Any]) -> str:
+    """What an undecided endpoint's interval rules out, read against the rules' smallest effect that
+    matters (`smallest_effect`): "excludes a gain of 1.00 or more" where even its best end in the
+    claimed direction falls short of it, "... a loss of ..." where its worst end does; '' otherwise,
+    for a decided endpoint, or without a stated effect."""
+    effect = (rules.get("smallest_effect") or {}).get(row.metric)
+    if effect is None or row.outcome != claims.UNDECIDED or row.n < 2 or getattr(row, "margin", None):
+        return ""
+    size = math.log(effect) if row.ratio else effect
+    best, worst = (row.high, -row.low) if row.sign > 0 else (-row.low, row.high)  # in the claimed direction
+    shown = f"×{effect:g}" if row.ratio else f"{effect:g} {row.unit}"
+    ruled_out = [f"a {kind} of {shown} or more" for kind, end in (("gain", best), ("loss", worst)) if end < size]
+    return f"excludes {' and '.join(ruled_out)}" if ruled_out else ""
 
 
 def divergence_markdown(rates: pd.DataFrame, rules: dict[str, Any]) -> list[str]:
@@ -387,7 +404,8 @@ def headline_markdown(
 
     def shown(r: Any) -> str:
         outside = not_comparable(r).split(",")[0]  # the count; claims.md names the seeds
-        return f"{r.endpoint} {tables.estimate_text(r)} ({r.outcome}{'; ' + outside if outside else ''})"
+        notes = [n for n in (outside, excluded(r, rules or {})) if n]
+        return f"{r.endpoint} {tables.estimate_text(r)} ({'; '.join([r.outcome, *notes])})"
 
     for claim in verdicts.itertuples():
         tested = judgement[(judgement.claim == claim.claim) & (judgement.outcome != claims.NOT_TESTABLE)]
