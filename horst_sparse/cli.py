@@ -21,7 +21,7 @@ from pathlib import Path
 COMMANDS = {
     "config": ("horst_sparse.cli:config_main", "a run's composed config, each value with the file it comes from"),
     "plan": ("horst_sparse.plan:main", "a sweep's jobs, resources and GPU-hours, checked; nothing submitted"),
-    "tune": ("horst_sparse.study.tuning:main", "tune one arm on the validation split and write its pick"),
+    "tune": ("horst_sparse.tune:main", "tune one arm on the validation split and write its pick"),
     "study": ("horst_sparse.study.run:main", "the embedded study, the demo, their reports and checks"),
     "tables": ("horst_sparse.analysis.report:tables_main", "tables and figures of any sweeps' runs"),
     "study-report": ("horst_sparse.analysis.report:study_report_main", "a study's report: tables, claims, figures"),

@@ -98,3 +98,13 @@ def test_the_libraries_import_torch_alone(library):
     for path in set((ROOT / library).rglob("*.py")) - integrations:
         roots = {m.split(".")[0] for m in imported(ast.parse(path.read_text()))}
         assert roots <= {"torch", library, "__future__"} | set(sys.stdlib_module_names), (path, roots)
+
+
+def test_the_study_is_shorter_than_the_optimizer_library():
+    """The study's machinery (jobs, protocol, provenance, budget, ledger, report, rerun) stays smaller
+    than what it studies: every line of horst_sparse/study/ against every line of horst/."""
+
+    def lines(folder: str) -> int:
+        return sum(len(p.read_text().splitlines()) for p in (ROOT / folder).glob("*.py"))
+
+    assert lines("horst_sparse/study") < lines("horst")

@@ -100,10 +100,11 @@ def test_arms_not_tuned_alike_are_refused():
 
 
 def test_the_embedded_study_is_its_presets_and_tunes_what_its_budget_asks_for(embedded_jobs):
-    """The presets of protocols v3-v6: embedded_vit (tuned arms x 70/80/90 %), its controls' part at
-    90 % (a preset over it) and GPT-2's four tuned arms and its mirror-off control, seeds 10-19; the
-    current protocol runs at v4's picks and asks horst-sparse tune, with its budget, for the one arm
-    it tunes anew (GPT-2's HAM), and refuses an inherited arm without v4's pick."""
+    """The presets of protocol v7: embedded_vit (tuned arms x 70/80/90 %), its controls' part at 90 %
+    (a preset over it) and GPT-2's four tuned arms and its mirror-off control, fresh reporting seeds
+    (ViT 20-59, GPT-2 20-39), on the fast engine, GPT-2 measured during training too (the matched
+    curve); the protocol tunes every arm anew with its budget (search, second stage, reruns of the
+    best at 4 more seeds, the stability guard) and asks for no arm whose pick it has."""
     from horst_sparse.study import protocol
 
     jobs = embedded_jobs
@@ -111,9 +112,9 @@ def test_the_embedded_study_is_its_presets_and_tunes_what_its_budget_asks_for(em
         p: [j for j in jobs if j.preset == p] for p in ("embedded_vit", "embedded_vit_controls", "embedded_gpt2")
     }
     assert {p: len(js) for p, js in by_preset.items()} == {
-        "embedded_vit": 90,
-        "embedded_vit_controls": 40,
-        "embedded_gpt2": 50,
+        "embedded_vit": 3 * 3 * 40,
+        "embedded_vit_controls": 4 * 40,
+        "embedded_gpt2": 5 * 20,
     }
     for preset, arm in (("embedded_vit_controls", "horst_mirror_off"), ("embedded_gpt2", "horst_mirror_off")):
         mirror_off = next(j.config for j in by_preset[preset] if j.config["arm"] == arm)
@@ -124,16 +125,18 @@ def test_the_embedded_study_is_its_presets_and_tunes_what_its_budget_asks_for(em
         assert mirror_off["optimizer"]["weight_decay"] == horst["optimizer"]["weight_decay"]
     controls = by_preset["embedded_vit_controls"]
     assert {j.config["arm"] for j in controls} == {"horst_beta0", "adamw_decay", "horst_sm", "horst_mirror_off"}
-    assert {j.config["acdc"]["sparsity"] for j in controls} == {0.9} and {j.seed for j in controls} == set(
-        range(10, 20)
+    assert {j.config["acdc"]["sparsity"] for j in controls} == {0.9}
+    assert {j.seed for j in controls} == set(range(20, 60)) and {j.seed for j in by_preset["embedded_gpt2"]} == set(
+        range(20, 40)
     )
     assert {(j.config["data"]["name"], j.config["eval_split"], j.recipe) for j in controls} == {
         ("mnist1d", "test", "mnist1d")
     }
+    assert {j.config["engine"] for j in jobs} == {"fast"}
+    assert {tuple(j.config["prune"]["at_steps"]) for j in by_preset["embedded_gpt2"]} == {(150, 300, 450)}
     versions = protocol.versions("embedded")
-    current = versions[-1]  # v6: v4's tunings but for GPT-2's HAM, retuned under v6
-    earlier = protocol.tuned_under(current, versions)
-    assert (earlier.version, current.retuned) == (4, {("gpt2", "ham")})
+    current = versions[-1]
+    assert protocol.tuned_under(current, versions) is current and not current.retuned  # its own tunings
     arms = {(j.pipeline, j.config["tuned_as"]) for j in jobs}  # every set of tuned values the runs read: arms, counted
     assert {a for p, a in arms if p == "gpt2"} == {"adamw", "ham", "horst", "horst_prunable"}
     assert {a for p, a in arms if p == "vit"} == {"adamw", "ham", "horst"}
@@ -157,40 +160,25 @@ def test_the_embedded_study_is_its_presets_and_tunes_what_its_budget_asks_for(em
             for j in jobs
         ]
 
-    inherited = earlier.version
-    lines = study.tunings(current, picked({arm: inherited for arm in arms}), versions)
+    lines = study.tunings(current, picked({arm: 6 for arm in arms}), versions)
+    assert sorted((line[2], line[3]) for line in lines) == sorted(arms)  # every arm tuned anew under v7
     budget = current.tuning
-    assert [(line[2], line[3]) for line in lines] == [("gpt2", "ham")]  # the one arm v6 tunes anew
-    (line,) = lines
-    assert line[:2] == ["horst-sparse", "tune"] and line[4:10] == [
+    line = next(line for line in lines if line[2:4] == ["gpt2", "ham"])
+    assert line[:2] == ["horst-sparse", "tune"] and line[4:14] == [
         "--trials", str(budget["trials"]["gpt2"]), "--top-k", str(budget["top_k"]["gpt2"]),
-        "--rerun-seeds", str(budget["rerun_seeds"]),
+        "--rerun-seeds", str(budget["rerun_seeds"]), "--refine-trials", str(budget["refine_trials"]["gpt2"]),
+        "--stability-radius", str(budget["stability_radius"]),
     ]  # fmt: skip
-    assert line[10:14] == [
+    assert line[14:18] == [
         "--protocol", f"protocols/embedded/v{current.version}.yaml",
         "--sweep-dir", f"outputs/embedded/v{current.version}/tuning/gpt2/ham",
     ]  # fmt: skip
-    assert "gpt2_recipe=pydoc" in line
-    assert (
-        study.tunings(current, picked({**{a: inherited for a in arms}, ("gpt2", "ham"): current.version}), versions)
-        == []
-    )
-    record = runs.read_record([ROOT / "results" / "embedded" / "runs.csv"])
-    mine = record[record.protocol == current.version]
-    protocol.check_unchanged(current, set(mine.git_commit), protocol.reviewed(versions))  # its runs: as registered
-    # the flat configs (configs/experiment/, a tuned file per recipe) are not v6's: a new version names them
-    with pytest.raises(protocol.ProtocolError) as refused:
-        study.check_protocol(current, versions, mine, jobs)
-    assert "\n" not in str(refused.value) and "protocol embedded v6 changed since its registration" in str(
-        refused.value
-    )
-    assert "the working tree: configs/arm/adamw.yaml, " in str(refused.value)
-    assert str(refused.value).endswith(
-        "register the change as a new version, a new protocols/embedded/v<N>.yaml that names them (a changed "
-        "search space alone: name its arm in its retune)"
-    )
-    with pytest.raises(study.StudyError, match="runs vit adamw at v4's pick, but configs/tuned/ holds none of v4's"):
-        study.tunings(current, picked({**{a: inherited for a in arms}, ("vit", "adamw"): 5}), versions)
+    assert "gpt2_recipe=pydoc" in line and "engine=fast" in line
+    done = {arm: current.version for arm in arms}
+    assert study.tunings(current, picked({**done, ("gpt2", "ham"): 6}), versions) == [
+        next(line for line in lines if line[2:4] == ["gpt2", "ham"])
+    ]
+    assert study.tunings(current, picked(done), versions) == []
 
 
 def test_a_study_whose_newest_version_names_no_presets_is_refused(monkeypatch):
@@ -232,7 +220,10 @@ def test_the_cost_table_is_measured_from_the_runs(embedded_jobs):
     expected_hours = (len(vit) + tuning) * 41.0 / 2 / 3600  # two runs side by side
     assert row.split(" | ")[1:4] == [f"30 of {len(vit)}", "41", f"{30 * 41.0 / 3600:.1f}"]
     assert row.rstrip(" |").endswith(f"{expected_hours:.1f}")
-    assert "| gpt2 | 0 of 50 | – |" in text and "Machine: host node7 (Xeon, AVX512), 1 torch thread(s) a run." in text
+    gpt2 = sum(j.pipeline == "gpt2" for j in jobs)
+    assert (
+        f"| gpt2 | 0 of {gpt2} | – |" in text and "Machine: host node7 (Xeon, AVX512), 1 torch thread(s) a run." in text
+    )
 
 
 def test_a_stale_run_is_named_with_the_keys_that_differ(tmp_path, demo_jobs, write_run):

@@ -14,7 +14,7 @@ import pytest
 from conftest import ROOT
 
 from horst_sparse import plan
-from horst_sparse.study import tuning
+from horst_sparse import tune as tuning
 
 GUIDE = ROOT / "docs" / "full_scale.md"
 README = ROOT / "README.md"

@@ -9,9 +9,9 @@ import math
 import pandas as pd
 import pytest
 
+from horst_sparse import tune as tuning
 from horst_sparse.analysis.tuning_curves import NoStablePick, Stability, pick, stable_top
 from horst_sparse.pipeline import get as get_pipeline
-from horst_sparse.study import tuning
 
 SPACE = {"train.lr": (1e-4, 1e-2, True), "train.warmup_steps": (0, 100, False)}
 

@@ -20,7 +20,7 @@ def test_a_toy_pipeline_is_planned_tuned_run_and_tabulated(tmp_path, monkeypatch
     from horst_sparse.analysis.runs import scan
     from horst_sparse.compose import compose
     from horst_sparse.plan import check, plan
-    from horst_sparse.study.tuning import tune
+    from horst_sparse.tune import tune
 
     configs = tmp_path / "configs"
     shutil.copytree(CONFIGS, configs)

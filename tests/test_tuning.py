@@ -1,4 +1,4 @@
-"""Tuning as a feature (horst_sparse/study/tuning.py, horst-sparse tune): quasi-random trials through
+"""Tuning as a feature (horst_sparse/tune.py, horst-sparse tune): quasi-random trials through
 Hydra's multirun and hydra-optuna-sweeper, scored on the validation split only, the pick
 written where the next run reads it, and the equal-budget check a study calls.
 
@@ -22,9 +22,10 @@ from conftest import HORST_SPARSE, ROOT, _subprocess_env
 
 import horst_sparse.vit.data
 from horst_sparse import sobol
+from horst_sparse import tune as tuning
 from horst_sparse.compose import compose
 from horst_sparse.pipeline import get
-from horst_sparse.study import budget, tuning
+from horst_sparse.study import budget
 from horst_sparse.vit.data import DigitsDataset
 
 TINY = (

@@ -259,7 +259,7 @@ def _shown(path: Path, base: Path) -> str:
 
 
 def tuning_trial(folder: Path, root: Path, config: Any) -> bool:
-    """Whether a run folder found below `root` is a tuning trial (horst-sparse tune's, horst_sparse.study.tuning)
+    """Whether a run folder found below `root` is a tuning trial (horst-sparse tune's, horst_sparse.tune)
     that was not asked for: below a `tuning/` folder inside `root` (horst-sparse tune's sweeps go to
     multirun/tuning/), its config sets `tune_over`, or the Hydra overrides of its folder or of one
     above it (a trial's cells are folders inside the trial's) select `hparams_search`. Never where

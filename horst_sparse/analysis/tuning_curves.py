@@ -34,7 +34,7 @@ CONFIDENCE = 0.80
 BAND_SEED = 0  # opda's band construction draws samples: a fixed generator, the same band every time
 SEARCH, REFINE, RERUN = "search", "refine", "rerun"
 # the stages that sample points, one row per trial at the search seed: the search, and the fresh points of
-# its second stage around the best (horst_sparse.study.tuning.refine_space); the pick takes either
+# its second stage around the best (horst_sparse.tune.refine_space); the pick takes either
 SAMPLED = (SEARCH, REFINE)
 DRAWS = 2000
 

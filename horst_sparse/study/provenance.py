@@ -19,7 +19,7 @@ from horst_sparse.study.jobs import Job, StudyError
 # no run reads them)
 CODE = (
     *("horst", "pruning", "horst_sparse", "configs"),
-    *(f":(exclude)horst_sparse/{p}" for p in ("analysis", "study", "sobol.py", "plan.py", "fingerprint.py")),
+    *(f":(exclude)horst_sparse/{p}" for p in ("analysis", "study", "sobol.py", "tune.py", "plan.py", "fingerprint.py")),
 )
 
 

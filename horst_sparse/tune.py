@@ -216,7 +216,7 @@ def prepare(
     ]
     left_out = [key for key in whole if key not in space]
     return Tuning(pipeline, arm, recipe, tuned_file, space, int(cfg.seed), trials, arguments, list(overrides),
-                  selection(search), tune_over, subdir, left_out, cfg.engine)  # fmt: skip
+                  selection(search), tune_over, subdir, left_out, cfg.get("engine", "reference"))  # fmt: skip
 
 
 def restrict(space: Mapping[str, str], keys: list[str], name: str, searched: Mapping[str, str]) -> dict[str, str]:
