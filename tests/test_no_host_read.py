@@ -12,11 +12,11 @@ import traceback
 
 import pytest
 import torch
+from conftest import _compose, compose_cfg, deit_overrides, tiny_overrides
 from omegaconf import OmegaConf
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import compose_cfg, deit_overrides, tiny_overrides
 from horst_sparse.gpt2 import run as gpt2_run
 from horst_sparse.vit import run as vit_run
 
@@ -117,15 +117,9 @@ def test_a_gpt2_update_reads_nothing_from_the_device(pydoc_dir, tmp_path, monkey
 def test_a_vit_update_reads_nothing_from_the_device(imagenet_root, tmp_path, monkeypatch):
     """The DeiT recipe: Mixup/CutMix, drop path, gradient accumulation, the clip, AC/DC's masks."""
     updates = record_steps(monkeypatch, vit_run)
-    cfg = vit_run_cfg(deit_overrides(imagenet_root, "train.accum_steps=2", "train.grad_clip=1.0", "compile=false"))
+    cfg = _compose(deit_overrides(imagenet_root, "train.accum_steps=2", "train.grad_clip=1.0", "compile=false"))
     vit_run.run(cfg, run_dir=tmp_path / "run")
     assert len(updates) == 18 and updates == [[]] * 18  # 3 updates in each of 6 epochs
-
-
-def vit_run_cfg(overrides: list[str]):
-    from conftest import _compose
-
-    return _compose(overrides)
 
 
 def test_transformers_own_sdpa_mask_reads_the_device_in_each_forward():

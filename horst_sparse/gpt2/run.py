@@ -111,7 +111,7 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
     model = build()
     # ddp: `train_model` wraps `model`; fsdp2: both are `model`, its weights sharded in place (before the optimizer).
     train_model = parallelize(
-        model, cfg.distributed, info=dist, device=device, compile=cfg.compile, blocks=model.transformer.h
+        model, cfg.distributed, info=dist, device=device, compile=cfg.compile, blocks=model.transformer.h, dtype=r.dtype
     )
     prunable = pruning.prunable_parameters(model, cfg.prune.preset)
     optimizer = build_optimizer(
