@@ -25,16 +25,19 @@ import statistics
 import sys
 import time
 
-import torch
-from omegaconf import OmegaConf
+# bench/pruning.py, beside this script, would stand in for the pruning package that the pipeline imports
+sys.path.remove(os.path.dirname(os.path.abspath(__file__)))
 
-import pruning
+import torch  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
+import pruning  # noqa: E402
 from horst_sparse.gpt2.model import VOCAB_MULTIPLE, VOCAB_SIZE, build_model, flops_per_token, lm_loss_fn, peak_flops
-from horst_sparse.gpt2.run import train_step
-from horst_sparse.training.distributed import DistInfo, parallelize
-from horst_sparse.training.env import autocast_dtype
-from horst_sparse.training.optim import build_optimizer
-from horst_sparse.training.schedule import build_lr_scheduler
+from horst_sparse.gpt2.run import train_step  # noqa: E402
+from horst_sparse.training.distributed import DistInfo, parallelize  # noqa: E402
+from horst_sparse.training.env import autocast_dtype  # noqa: E402
+from horst_sparse.training.optim import build_optimizer  # noqa: E402
+from horst_sparse.training.schedule import build_lr_scheduler  # noqa: E402
 
 OPTIMIZERS = ("adamw", "ham", "horst")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import socket
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -103,3 +104,47 @@ def test_fsdp2_computes_in_bf16_and_keeps_fp32_weights_and_gradients():
         seen, weights, grads, finite = results[rank]
         assert seen == [(torch.bfloat16, torch.bfloat16)]  # the all-gathered weights and the activations
         assert weights == {torch.float32} and grads == {torch.float32} and finite
+
+
+@pytest.mark.slow  # torch.compile of the model, its backward and the loss: ~30 s on 2 cores
+def test_the_compiled_gpt2_step_gives_the_eager_steps_losses():
+    """`compile: true` (the GPU recipe's) on the pipeline's own step: the compiled model and the
+    compiled loss (`lm_loss_fn`) against eager ones, from the same weights over the same batches."""
+    import copy
+
+    from horst_sparse.gpt2.model import build_model, lm_loss_fn
+    from horst_sparse.gpt2.run import train_step
+    from horst_sparse.training.distributed import DistInfo, parallelize
+    from horst_sparse.training.schedule import build_lr_scheduler
+
+    torch.manual_seed(0)
+    nano = OmegaConf.create(
+        dict(name="n", n_layer=2, n_head=2, n_embd=32, n_positions=32, dropout=0.0, tie_word_embeddings=True)
+    )
+    eager = build_model(nano, vocab_size=128)
+    batches = [[(x[:, :-1], x[:, 1:]) for x in torch.randint(128, (2, 4, 33))] for _ in range(3)]
+    losses = {}
+    for compile in (False, True):
+        model = copy.deepcopy(eager)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        scheduler = build_lr_scheduler(optimizer, total_steps=3, warmup_steps=1, min_lr=1e-4, warmup_lr=0.0)
+        train_model = parallelize(model, "ddp", info=DistInfo(), device=torch.device("cpu"), compile=compile)
+        loss_fn = lm_loss_fn(128, compile=compile)
+        losses[compile] = [
+            train_step(
+                train_model,
+                model,
+                optimizer,
+                scheduler,
+                micro_batches,
+                step=step,
+                accum=2,
+                loss_fn=loss_fn,
+                dtype=torch.float32,
+                grad_clip=1.0,
+                watch_loss=lambda loss, step: None,
+            )[0].item()
+            for step, micro_batches in enumerate(batches)
+        ]
+    assert losses[True] == pytest.approx(losses[False], rel=1e-5)
+    assert losses[False][0] != losses[False][-1]  # the steps changed the weights
