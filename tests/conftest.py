@@ -283,6 +283,7 @@ def deit_overrides(root: Path, *extra: str) -> list[str]:
         "data.num_workers=1",
         "device=cpu",
         "cpu_threads=1",  # the reproducible CPU mode's fixed thread count (the recipe, a GPU one, keeps torch's)
+        "compile=false",  # the recipe compiles for a GPU; on these tiny CPU runs compiling would take most of the time
         "train.batch_size=8",
         "train.base_batch_size=8",
         "train.warmup_epochs=1",

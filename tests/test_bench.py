@@ -85,3 +85,29 @@ def test_command_time_writes_a_time_only_for_a_command_that_succeeds(tmp_path):
     out.unlink()
     failed = subprocess.run([*ok, sys.executable, "-c", "raise SystemExit(3)"], capture_output=True, text=True)
     assert failed.returncode == 1 and not out.exists() and "exited 3: no time written" in failed.stderr
+
+
+def test_the_train_step_bench_times_the_pipelines_step_and_checks_its_mfu():
+    tiny = ("train_step.py", "--layers", "1", "--width", "32", "--context", "16", "--batch", "2", "--rounds", "2")
+    out = bench(*tiny, "--warmup", "1", "--threads", "1", "--peak-tflops", "1", "--mfu-target", "1e-6")
+    assert "vocabulary padded to 50257, compile off" in out and "target >= 1e-06" in out  # CPU: no padding
+    table = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in out.splitlines() if line.startswith("| ")}
+    assert set(table) == {"optimizer", "adamw", "ham", "horst"}
+    assert all(float(values[-1]) > 1e-6 for name, values in table.items() if name != "optimizer")  # the MFU
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / tiny[0]),
+            *tiny[1:],
+            "--warmup",
+            "0",
+            "--peak-tflops",
+            "1",
+            "--mfu-target",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 1 and "bench/train_step.py: adamw's MFU" in done.stderr

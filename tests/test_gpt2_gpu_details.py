@@ -19,6 +19,7 @@ from horst_sparse.gpt2.model import (
     PaddedVocabHead,
     build_model,
     lm_loss,
+    lm_loss_fn,
     peak_flops,
     peak_tflops,
 )
@@ -89,20 +90,24 @@ def test_the_loss_of_bf16_logits_keeps_no_fp32_copy_of_them():
 
 @pytest.mark.gpu
 @cuda
-def test_gpt2_small_loss_on_cuda_peaks_far_below_an_fp32_copy_of_its_logits():
+@pytest.mark.parametrize("compile", [False, True])  # lm_loss, and the compiled loss of a run with compile=true
+def test_gpt2_small_loss_on_cuda_peaks_far_below_an_fp32_copy_of_its_logits(compile):
     device = torch.device("cuda")
     logits = torch.randn(16 * 1024, 50304, device=device, dtype=torch.bfloat16, requires_grad=True)  # 1.6 GB
     targets = torch.randint(VOCAB_SIZE, (16 * 1024,), device=device)
+    loss_fn = lm_loss_fn(VOCAB_SIZE, compile=compile)
+    loss_fn(logits, targets).backward()  # compiles
+    logits.grad = None
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    lm_loss(logits, targets, vocab_size=VOCAB_SIZE).backward()
+    loss_fn(logits, targets).backward()
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - base
     # The gradient (bf16, as large as the logits) and a few fp32 chunks; the fp32 copy alone was 3.3 GB.
     assert extra < logits.numel() * 2 + 8 * gpt2_model.LOSS_CHUNK_ELEMENTS * 4
     exact = F.cross_entropy(logits.detach()[:, :VOCAB_SIZE].float(), targets)
-    assert lm_loss(logits.detach(), targets, vocab_size=VOCAB_SIZE).item() == pytest.approx(exact.item(), rel=1e-5)
+    assert loss_fn(logits.detach(), targets).item() == pytest.approx(exact.item(), rel=1e-5)
 
 
 def test_evaluation_sums_fp32_nll_and_counts_tokens_on_cpu():

@@ -127,19 +127,26 @@ FAKE_PYTHON = """#!/bin/sh
 case "$1 $2" in
   "-m pytest"*) cat "$FAKE_PYTEST" ;;
   "bench/optimizer_step.py"*) cat "$FAKE_BENCH" ;;
-  "bench/train_step.py"*) echo "train step: fine" ;;
+  "bench/train_step.py"*) echo "train step: fine"; case "$*" in *"--mfu-target 0.40"*) exit "${FAKE_TRAIN_RC:-0}" ;; esac; exit 9 ;;
   -c*) echo "torch fake CUDA 13.0" ;;
 esac
 """
 
 
-def make_gpu_check(tmp_path: Path, *, python: str | None = None, pytest_out: str = "", bench: str = ""):
+def make_gpu_check(
+    tmp_path: Path, *, python: str | None = None, pytest_out: str = "", bench: str = "", train_rc: int = 0
+):
     (tmp_path / "pytest.txt").write_text(pytest_out)
     (tmp_path / "bench.txt").write_text(bench)
     command = ["make", "-s", "-o", ".venv/.installed", "gpu-check", f"GPU_REPORT={tmp_path / 'gpu.md'}"]
     if python:
         command.append(f"PY={python}")
-    environ = {**os.environ, "FAKE_PYTEST": str(tmp_path / "pytest.txt"), "FAKE_BENCH": str(tmp_path / "bench.txt")}
+    environ = {
+        **os.environ,
+        "FAKE_PYTEST": str(tmp_path / "pytest.txt"),
+        "FAKE_BENCH": str(tmp_path / "bench.txt"),
+        "FAKE_TRAIN_RC": str(train_rc),  # bench/train_step.py's status: 1 where an MFU is under its target
+    }
     return subprocess.run(command, cwd=ROOT, env=environ, capture_output=True, text=True, timeout=120)
 
 
@@ -157,15 +164,18 @@ PASSED = "PASSED tests/test_horst_gpu.py::test_a\n1 passed\n"
 
 
 @pytest.mark.parametrize(
-    ("pytest_out", "ratio", "target", "verdict"),
+    ("pytest_out", "ratio", "target", "train_rc", "verdict"),
     [
-        (PASSED, 1.06, "1.10", None),
-        (PASSED + "SKIPPED [1] tests/test_horst_gpu.py:9: needs CUDA\n", 1.06, "1.10", "gpu tests skipped"),
-        (PASSED, 1.15, "1.10", "a fast-path ratio of bench/optimizer_step.py is over its target"),
-        (PASSED, 1.15, "1.20", None),
+        (PASSED, 1.06, "1.10", 0, None),
+        (PASSED + "SKIPPED [1] tests/test_horst_gpu.py:9: needs CUDA\n", 1.06, "1.10", 0, "gpu tests skipped"),
+        (PASSED, 1.15, "1.10", 0, "a fast-path ratio of bench/optimizer_step.py is over its target"),
+        (PASSED, 1.15, "1.20", 0, None),
+        (PASSED, 1.06, "1.10", 1, "bench/train_step.py failed (an MFU under 0.40"),
     ],
 )
-def test_gpu_check_fails_on_a_skipped_gpu_test_or_a_ratio_over_target(tmp_path, pytest_out, ratio, target, verdict):
+def test_gpu_check_fails_on_a_skipped_gpu_test_a_ratio_over_target_or_an_mfu_under_it(
+    tmp_path, pytest_out, ratio, target, train_rc, verdict
+):
     """A GPU machine's output (mocked: no GPU here), against the target the benchmark's header
     states; foreach AdamW's 3.30 is listed for scale, not a fast path, so never over target."""
     python = tmp_path / "python"
@@ -174,7 +184,7 @@ def test_gpu_check_fails_on_a_skipped_gpu_test_or_a_ratio_over_target(tmp_path, 
     bench = (
         BENCH_HEADER.format(target=target) + bench_row("AdamW foreach", 3.30) + bench_row("HORST (fast path)", ratio)
     )
-    result = make_gpu_check(tmp_path, python=str(python), pytest_out=pytest_out, bench=bench)
+    result = make_gpu_check(tmp_path, python=str(python), pytest_out=pytest_out, bench=bench, train_rc=train_rc)
     report = (tmp_path / "gpu.md").read_text()
     assert "HORST (fast path)" in report and "train step: fine" in report
     if verdict is None:

@@ -218,14 +218,19 @@ def test_a_run_folder_that_cannot_be_written_is_one_line(mode, tmp_path):
 
 
 @pytest.mark.parametrize("preset", ["slurm", "slurm_1gpu"])
-def test_slurm_presets_give_each_task_the_cpus_the_deit_recipe_loads_with(preset):
-    """A GPU task runs the training process and the recipe's DataLoader workers: fewer CPUs
-    than that starve the GPU (the presets once asked for 8 with 10 workers per GPU)."""
+def test_slurm_presets_give_each_task_the_cpus_the_deit_recipe_loads_with(preset, monkeypatch):
+    """A GPU task runs the training process and the recipe's DataLoader workers, as many as the
+    task's CPUs allow (`${loader_workers:}`): all but the process's own, 10 or more per GPU."""
     import yaml
+    from omegaconf import OmegaConf
+
+    import horst_sparse.training.resolvers  # noqa: F401  (registers loader_workers)
 
     launcher = yaml.safe_load((ROOT / "configs" / "hydra" / "launcher" / f"{preset}.yaml").read_text())
-    recipe = yaml.safe_load((ROOT / "configs" / "vit_recipe" / "deit_imagenet.yaml").read_text())
-    assert launcher["cpus_per_task"] >= recipe["data"]["num_workers"] + 1
+    recipe = OmegaConf.load(ROOT / "configs" / "vit_recipe" / "deit_imagenet.yaml")
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", str(launcher["cpus_per_task"]))
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)  # srun: one process per task
+    assert recipe.data.num_workers == launcher["cpus_per_task"] - 1 >= 10
 
 
 def paste(line: str, env: dict | None = None, timeout: float = 400) -> subprocess.CompletedProcess:

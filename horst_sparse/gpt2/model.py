@@ -5,6 +5,9 @@ the peak FLOP/s of a GPU, for model FLOPs utilisation."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig
@@ -13,6 +16,35 @@ VOCAB_SIZE = 50257  # GPT-2's BPE
 # The output layer's width on CUDA is padded up to a multiple of this (nanoGPT: 50257 -> 50304,
 # "~25% speedup"): the logits matmul and their rows then align with the tensor-core tiles.
 VOCAB_MULTIPLE = 64
+# The attention of the pipeline's GPT-2: SDPA with `is_causal=True` and no mask (flash-eligible).
+# Every sequence it is fed (training, evaluation, pruning's calibration) is one whole window of
+# the corpus, never padded or packed, so the mask is the plain causal one. transformers' own
+# "sdpa" finds that out anew in each eager forward by reading the device (whether the position
+# ids hold packed sequences, or an attention mask has padding), a host sync that stalls a GPU's
+# queue once per forward; registered under this name, the mask is not built.
+WHOLE_WINDOWS = "sdpa_whole_windows"
+
+
+def _no_mask(**kwargs) -> None:
+    """transformers' mask function of `WHOLE_WINDOWS`: none, so that SDPA takes `is_causal=True`."""
+    return None
+
+
+def _register_whole_windows() -> None:
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    AttentionInterface.register(WHOLE_WINDOWS, sdpa_attention_forward)
+    AttentionMaskInterface.register(WHOLE_WINDOWS, _no_mask)
+
+
+def _whole_windows(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Forward pre-hook of `GPT2Model`: an attention mask of ones where none is given. transformers
+    looks for packed sequences only without one; `_no_mask` never reads it."""
+    ids = args[0] if args else kwargs.get("input_ids")
+    if kwargs.get("attention_mask") is None and ids is not None:
+        kwargs["attention_mask"] = ids.new_ones(()).expand(ids.shape)
+    return args, kwargs
 
 
 class PaddedVocabHead(torch.nn.Module):
@@ -33,8 +65,11 @@ def build_model(model_cfg: DictConfig, *, vocab_size: int = VOCAB_SIZE, vocab_mu
     """A randomly initialised `GPT2LMHeadModel` with SDPA attention over `vocab_size` tokens
     (GPT-2's, or a corpus's compact vocabulary: `horst_sparse.gpt2.data.LMData.vocab_size`),
     its logits padded to a multiple of `vocab_multiple` (`PaddedVocabHead`; the same weights
-    and the same initialisation either way)."""
+    and the same initialisation either way). It takes whole windows only (`WHOLE_WINDOWS`): an
+    attention mask given to it is not read. An export (`save_pretrained`) is a plain GPT-2."""
     from transformers import GPT2Config, GPT2LMHeadModel
+
+    _register_whole_windows()
 
     config = GPT2Config(
         vocab_size=vocab_size,
@@ -49,9 +84,10 @@ def build_model(model_cfg: DictConfig, *, vocab_size: int = VOCAB_SIZE, vocab_mu
         bos_token_id=vocab_size - 1,  # <|endoftext|>: GPT-2's last id, and the compact vocabulary's (ids ascend)
         eos_token_id=vocab_size - 1,
         use_cache=False,
-        attn_implementation="sdpa",
+        attn_implementation=WHOLE_WINDOWS,
     )
     model = GPT2LMHeadModel(config)
+    model.transformer.register_forward_pre_hook(_whole_windows, with_kwargs=True)
     if vocab_size % vocab_multiple:
         model.lm_head = PaddedVocabHead(model.lm_head, vocab_multiple)
     return model
@@ -99,6 +135,23 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor, *, vocab_size: int, red
     rows = max(1, LOSS_CHUNK_ELEMENTS // vocab_size)
     nll = _ChunkedCrossEntropy.apply(logits, targets, vocab_size, rows)
     return {"mean": nll.mean, "sum": nll.sum}[reduction]()
+
+
+def _vocab_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """fp32 cross-entropy over the first `vocab_size` columns, written whole: what `lm_loss_fn`
+    compiles, where inductor fuses the slice, the upcast, the log-sum-exp and the gradient into a
+    few kernels that read the logits in their own dtype and never store an fp32 copy of them."""
+    return F.cross_entropy(logits.flatten(0, -2)[:, :vocab_size].float(), targets.flatten())
+
+
+def lm_loss_fn(vocab_size: int, *, compile: bool = False) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The training loss of (logits, targets) over `vocab_size` tokens, mean over tokens: `lm_loss`
+    (eager, fp32 one chunk of rows at a time), or with `compile` (the run's `compile`) the fused
+    fp32 cross-entropy of `torch.compile`: the eager chunked loss is ~280 kernels a micro-batch of
+    GPT-2 Small, the compiled one a handful, with the same fp32 arithmetic up to summation order."""
+    if compile:
+        return functools.partial(torch.compile(_vocab_cross_entropy, dynamic=False), vocab_size=vocab_size)
+    return functools.partial(lm_loss, vocab_size=vocab_size)
 
 
 def flops_per_token(model, context: int) -> float:

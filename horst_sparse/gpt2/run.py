@@ -8,6 +8,7 @@ non-finite guard) is `horst_sparse.training.runner.Run`.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
@@ -18,7 +19,7 @@ import pruning
 from horst_sparse.gpt2.data import RandomWindows, check_run_vocabulary, load_data
 from horst_sparse.gpt2.evaluate import evaluate_lm, one_shot_pruning, perplexity_table
 from horst_sparse.gpt2.export import export_gpt2
-from horst_sparse.gpt2.model import VOCAB_MULTIPLE, build_model, flops_per_token, lm_loss, peak_flops
+from horst_sparse.gpt2.model import VOCAB_MULTIPLE, build_model, flops_per_token, lm_loss_fn, peak_flops
 from horst_sparse.training.checkpoint import CheckpointError
 from horst_sparse.training.distributed import all_reduce_mean, gradient_sync, parallelize, unsharded
 from horst_sparse.training.engine import optimizer_overrides, use_engine_
@@ -41,6 +42,46 @@ def seconds_since(started: float, device: torch.device, *, synchronize: bool) ->
     if synchronize and device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.time() - started
+
+
+def train_step(
+    train_model: torch.nn.Module,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler,
+    micro_batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    *,
+    step: int,
+    accum: int,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    dtype: torch.dtype | None,
+    grad_clip: float,
+    watch_loss: Callable[..., None],
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Update `step` + 1: forward, loss and backward over the `accum` micro-batches (`x`, `y`),
+    the gradient-norm clip, the optimizer's step and the LR schedule's; `watch_loss` notes the
+    update's loss (`Run.watch_loss`). Returns that loss (the mean over micro-batches and
+    processes) and the gradient norm before clipping (None without a clip), both on the device:
+    nothing in an update waits for the device (tests/test_no_host_read.py)."""
+    device = next(model.parameters()).device
+    loss_sum = torch.zeros((), device=device)
+    for micro, (x, y) in enumerate(micro_batches):
+        with gradient_sync(train_model, micro == accum - 1):
+            with autocast(device, dtype):
+                logits = train_model(x).logits
+            loss = loss_fn(logits, y)
+            del logits  # freed by the backward, not held through the next micro-batch's forward
+            (loss / accum).backward()
+        loss_sum += loss.detach()
+    # The guard keeps its record on the device (`Run.watch_loss`) and is read at log intervals and
+    # before every checkpoint; the loss is read at log intervals.
+    step_loss = all_reduce_mean(loss_sum / accum)
+    watch_loss(step_loss, step=step + 1)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip) if grad_clip > 0 else None
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    scheduler.step_update(step + 1)
+    return step_loss, grad_norm
 
 
 def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
@@ -70,7 +111,7 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
     model = build()
     # ddp: `train_model` wraps `model`; fsdp2: both are `model`, its weights sharded in place (before the optimizer).
     train_model = parallelize(
-        model, cfg.distributed, info=dist, device=device, compile=cfg.compile, blocks=model.transformer.h
+        model, cfg.distributed, info=dist, device=device, compile=cfg.compile, blocks=model.transformer.h, dtype=r.dtype
     )
     prunable = pruning.prunable_parameters(model, cfg.prune.preset)
     optimizer = build_optimizer(
@@ -109,6 +150,7 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
     curve = list(state.get("curve", [])) if state else []  # the points of prune.at_steps measured so far
     at_steps = set(cfg.prune.at_steps)
     step_loss = torch.full((), train_loss, device=device)  # the last update's loss, all-reduced, on the device
+    loss_fn = lm_loss_fn(data.vocab_size, compile=cfg.compile)
 
     accum = t.batch_size // (t.micro_batch_size * dist.world_size)
     tokens_per_step = t.batch_size * context
@@ -137,29 +179,25 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
     train_seconds, logged_step = 0.0, step  # throughput excludes evaluation and checkpoints
     while step < t.max_steps:
         step_started = time.time()
-        loss_sum = torch.zeros((), device=device)
         # Same global draw on every process; each takes its rows (DDP == one big batch).
         micro_batches = batches.update(
             t.batch_size, t.micro_batch_size, rank=dist.rank, world_size=dist.world_size, device=device
         )
-        for micro, (x, y) in enumerate(micro_batches):
-            with gradient_sync(train_model, micro == accum - 1):
-                with autocast(device, r.dtype):
-                    logits = train_model(x).logits
-                loss = lm_loss(logits, y, vocab_size=data.vocab_size)
-                del logits  # freed by the backward, not held through the next micro-batch's forward
-                (loss / accum).backward()
-            loss_sum += loss.detach()
-        # No host sync per step: the guard keeps its record on the device (`Run.watch_loss`) and is
-        # read at log intervals and before every checkpoint; the loss is read at log intervals.
-        step_loss = all_reduce_mean(loss_sum / accum)
-        r.watch_loss(step_loss, step=step + 1)
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip) if t.grad_clip > 0 else None
         lr = optimizer.param_groups[0]["lr"]
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        step_loss, grad_norm = train_step(
+            train_model,
+            model,
+            optimizer,
+            scheduler,
+            micro_batches,
+            step=step,
+            accum=accum,
+            loss_fn=loss_fn,
+            dtype=r.dtype,
+            grad_clip=t.grad_clip,
+            watch_loss=r.watch_loss,
+        )
         step += 1
-        scheduler.step_update(step)
         log_now = bool(t.log_interval) and (step % t.log_interval == 0 or step == t.max_steps)
         train_seconds += seconds_since(step_started, device, synchronize=log_now)
         bar.update()

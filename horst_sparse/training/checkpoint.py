@@ -17,6 +17,7 @@ resume only from folders you trust.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import random
 import re
@@ -29,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from horst_sparse.training.config import RunError
-from horst_sparse.training.distributed import barrier, is_sharded
+from horst_sparse.training.distributed import barrier, gather_objects, is_sharded
 from horst_sparse.training.preemption import hydra_override
 
 _NAME = "ckpt_{step:08d}.pt"
@@ -54,6 +55,15 @@ def capture_rng_state(generators: dict[str, torch.Generator] | None = None) -> d
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
         "generators": {name: g.get_state() for name, g in (generators or {}).items()},
     }
+
+
+def gather_rng_states(generators: dict[str, torch.Generator] | None = None) -> list[dict[str, Any]]:
+    """`capture_rng_state` of every process, by rank, on every process (a collective), each as
+    `load_checkpoint` returns it (they travel as `torch.save` bytes: the object collectives do
+    not carry tensors' storages whole)."""
+    buffer = io.BytesIO()
+    torch.save(capture_rng_state(generators), buffer)
+    return [torch.load(io.BytesIO(data), weights_only=True) for data in gather_objects(buffer.getvalue())]
 
 
 def restore_rng_state(state: dict[str, Any], generators: dict[str, torch.Generator] | None = None) -> None:

@@ -128,6 +128,15 @@ def broadcast_object(obj):
     return box[0]
 
 
+def gather_objects(obj) -> list:
+    """Every process's `obj`, by rank, on every process (picklable; `[obj]` in a single process)."""
+    if not dist.is_initialized():
+        return [obj]
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     """Sum over processes (in place, also returned); identity in a single process."""
     if dist.is_initialized():
@@ -151,21 +160,25 @@ def parallelize(
     device: torch.device,
     compile: bool = False,
     blocks: Iterable[torch.nn.Module] = (),
+    dtype: torch.dtype = torch.float32,
 ) -> torch.nn.Module:
     """The module the training loop calls, `model` spread over the processes as `strategy` says.
 
     `ddp`: `model` (compiled if `compile`), in `DistributedDataParallel` when there are several
     processes; `model` itself keeps the whole weights. `fsdp2`: `fully_shard` on each of
     `blocks`, then on `model`, in place: its parameters become DTensor shards, so build the
-    optimizer after this call."""
+    optimizer after this call; a run in `dtype` bf16 (its autocast dtype) all-gathers the weights
+    and computes in bf16 and reduce-scatters the gradients in fp32 (`MixedPrecisionPolicy`), the
+    sharded weights and the optimizer staying fp32."""
     if strategy == "fsdp2":
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         mesh = init_device_mesh(device.type, (info.world_size,))
+        policy = MixedPrecisionPolicy() if dtype == torch.float32 else MixedPrecisionPolicy(dtype, torch.float32)
         for block in blocks:
-            fully_shard(block, mesh=mesh)
-        return fully_shard(model, mesh=mesh)
+            fully_shard(block, mesh=mesh, mp_policy=policy)
+        return fully_shard(model, mesh=mesh, mp_policy=policy)
     train_model = torch.compile(model) if compile else model
     if info.enabled:
         from torch.nn.parallel import DistributedDataParallel

@@ -8,9 +8,14 @@ arm it controls instead of copying it.
   HORST shrinks a mirrored weight by (1 - lr_h wd_h) exp(-lr_h beta_h) ~ 1 - lr_h (wd_h + beta_h)
   per step, AdamW by 1 - lr_a wd; equal when wd = (wd_h + beta_h) lr_h / lr_a. Both follow the
   same schedule's shape, so the match holds at every step but the warm-up's.
+* `loader_workers`: DataLoader workers per training process from the CPUs its task has
+  (`task_cpus`), shared by the processes torchrun starts on the node, one CPU kept for each
+  process itself (configs/vit_recipe/deit_imagenet.yaml).
 """
 
 from __future__ import annotations
+
+import os
 
 from omegaconf import OmegaConf
 
@@ -23,7 +28,19 @@ def decay_matched(arm: str, *, _root_) -> float:
     return float((controlled.weight_decay + controlled.beta) * controlled[key] / adamw[key])
 
 
-RESOLVERS = {"sum": lambda *values: sum(values), "decay_matched": decay_matched}
+def task_cpus() -> int:
+    """The CPUs of this task: SLURM's `--cpus-per-task` where SLURM set it, else the CPUs this
+    process may run on (its affinity: a container's or cgroup's share, not the node's count)."""
+    return int(os.environ.get("SLURM_CPUS_PER_TASK") or len(os.sched_getaffinity(0)))
+
+
+def loader_workers() -> int:
+    """Each process's share of `task_cpus` (torchrun's LOCAL_WORLD_SIZE processes on one task),
+    less the one that runs the process itself; at least 1."""
+    return max(1, task_cpus() // int(os.environ.get("LOCAL_WORLD_SIZE", "1")) - 1)
+
+
+RESOLVERS = {"sum": lambda *values: sum(values), "decay_matched": decay_matched, "loader_workers": loader_workers}
 
 for _name, _resolver in RESOLVERS.items():
     if not OmegaConf.has_resolver(_name):

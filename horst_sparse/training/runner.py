@@ -43,10 +43,12 @@ from horst_sparse.training.checkpoint import (
     CheckpointError,
     checkpoint_path,
     checkpoint_step,
+    gather_rng_states,
     latest_checkpoint,
     load_checkpoint,
     prune_old_checkpoints,
     resolve_resume,
+    restore_rng_state,
     restore_training_state,
     save_checkpoint,
     step_checkpoint,
@@ -340,6 +342,11 @@ class Run:
             state = restore_training_state(
                 state, model=model, optimizer=optimizer, scheduler=scheduler, generators=generators, path=path
             )
+            # Each process's own RNG states (drop path, dropout, ...), where as many processes wrote them;
+            # else every process continues from the main one's.
+            ranks = state.pop("rng_ranks", None)
+            if ranks and len(ranks) == self.dist.world_size:
+                restore_rng_state(ranks[self.dist.rank], generators)
             self.elapsed_before = state.get("elapsed_s", 0.0)
             self.resume_overrides = list(state.get("resume_overrides", []))
             if changes:
@@ -379,6 +386,8 @@ class Run:
                 f"the weights are not finite at step {step}; no checkpoint written. {self._recovery_hint()}"
             )
         sharded = is_sharded(model)  # FSDP2: every process writes its shards (a DCP folder)
+        # Under DDP each process's RNG states, by rank (a collective); `training_state` has the main one's.
+        ranks = {"rng_ranks": gather_rng_states(self._tracked["generators"])} if self.dist.enabled else {}
         path = checkpoint_path(self.run_dir, step, sharded=sharded)
         if self.is_main:
             self.log.checkpoint(path, step=step)  # before the file: a resume from it always finds its marker
@@ -389,6 +398,7 @@ class Run:
                 config=self.config,
                 elapsed_s=self.elapsed_s,
                 resume_overrides=self.resume_overrides,
+                **ranks,
                 **extra,
             )
             save_checkpoint(state, path)

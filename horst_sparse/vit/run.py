@@ -12,10 +12,10 @@ a preempted run checkpoints after its current batch and continues from the next 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 import pruning
 from horst_sparse.training.checkpoint import CheckpointError
 from horst_sparse.training.config import ConfigError, RunError
-from horst_sparse.training.distributed import all_reduce_mean
+from horst_sparse.training.distributed import all_reduce_mean, gradient_sync
 from horst_sparse.training.engine import optimizer_overrides, use_engine_
 from horst_sparse.training.env import autocast, image_batch_bytes, seed_rngs, shared_memory_problem
 from horst_sparse.training.optim import build_optimizer
@@ -75,6 +75,55 @@ def check_resume_position(state: dict, path: Path, *, world_size: int, steps_per
             f"this run has {steps_per_epoch} updates per epoch ({train_images} training images): resume with "
             "the same training set, or start a new run folder (hydra.run.dir=...) or resume=never"
         )
+
+
+def train_step(
+    train_model: torch.nn.Module,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler,
+    sparsifier: pruning.Sparsifier,
+    criterion: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    images: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    step: int,
+    accum_steps: int,
+    dtype: torch.dtype | None,
+    grad_clip: float,
+    watch_loss: Callable[..., None],
+    epoch_loss: torch.Tensor,
+) -> torch.Tensor:
+    """Update `step` + 1 on this process's (mixed) batch: forward, loss and backward over
+    `accum_steps` slices of it, the gradient-norm clip, the optimizer's step between the
+    sparsifier's masks, and the LR schedule's step. `watch_loss` notes the update's loss
+    (`Run.watch_loss`) and `epoch_loss` (float64, on the device) adds it. Returns that loss (the
+    mean over processes), on the device: nothing in an update waits for the device
+    (tests/test_no_host_read.py)."""
+    device = images.device
+    # Gradient accumulation: train.accum_steps forward/backward passes over slices of the batch,
+    # each loss weighted by its slice's share, so the gradient is the whole batch's mean; DDP
+    # all-reduces after the last pass only.
+    optimizer.zero_grad(set_to_none=True)
+    loss_sum = torch.zeros((), device=device)
+    micro_batches = list(zip(images.chunk(accum_steps), targets.chunk(accum_steps)))
+    for i, (micro_images, micro_targets) in enumerate(micro_batches):
+        with gradient_sync(train_model, i == len(micro_batches) - 1):
+            with autocast(device, dtype):
+                output = train_model(micro_images)
+            loss = criterion(output.float(), micro_targets) * (len(micro_images) / len(images))
+            loss.backward()
+        loss_sum += loss.detach()
+    step_loss = all_reduce_mean(loss_sum)
+    watch_loss(step_loss, step=step + 1)  # read at log intervals and before checkpoints
+    if grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    sparsifier.mask_grads_()  # pruned weights get no update in a compressed phase ...
+    optimizer.step()
+    sparsifier.apply_masks_()  # ... and stay exactly 0 despite momentum and weight decay
+    scheduler.step_update(step + 1)
+    epoch_loss += step_loss.double()
+    return step_loss
 
 
 def summarize(
@@ -300,32 +349,25 @@ def run(cfg: DictConfig, *, run_dir: str | Path) -> dict:
                 images = images.contiguous(memory_format=torch.channels_last)
             if mixup is not None:  # over the process's whole batch: accumulation does not change the mixing
                 images, targets = mixup(images, targets)
-            # Gradient accumulation: train.accum_steps forward/backward passes over slices of the
-            # batch, each loss weighted by its slice's share, so the gradient is the whole batch's
-            # mean; DDP all-reduces after the last pass only.
-            optimizer.zero_grad(set_to_none=True)
-            loss_sum = torch.zeros((), device=device)
-            micro_batches = list(zip(images.chunk(t.accum_steps), targets.chunk(t.accum_steps)))
-            for i, (micro_images, micro_targets) in enumerate(micro_batches):
-                last = i == len(micro_batches) - 1
-                with contextlib.nullcontext() if last or not dist.enabled else train_model.no_sync():
-                    with autocast(device, r.dtype):
-                        output = train_model(micro_images)
-                    loss = criterion(output.float(), micro_targets) * (len(micro_images) / len(images))
-                    loss.backward()
-                loss_sum += loss.detach()
-            step_loss = all_reduce_mean(loss_sum)
-            r.watch_loss(step_loss, step=step + 1)  # read at log intervals and before checkpoints
-            if t.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
             lr_now = optimizer.param_groups[0]["lr"]
-            sparsifier.mask_grads_()  # pruned weights get no update in a compressed phase ...
-            optimizer.step()
-            sparsifier.apply_masks_()  # ... and stay exactly 0 despite momentum and weight decay
+            step_loss = train_step(
+                train_model,
+                model,
+                optimizer,
+                scheduler,
+                sparsifier,
+                criterion,
+                images,
+                targets,
+                step=step,
+                accum_steps=t.accum_steps,
+                dtype=r.dtype,
+                grad_clip=t.grad_clip,
+                watch_loss=r.watch_loss,
+                epoch_loss=epoch_loss,
+            )
             step += 1
             batch += 1
-            scheduler.step_update(step)
-            epoch_loss += step_loss.double()
             bar.update()
 
             if t.log_interval and step % t.log_interval == 0:
