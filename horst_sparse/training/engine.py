@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from horst_sparse.training.attention import short_attention_module
 from horst_sparse.training.config import require
 
 ENGINES = ("reference", "fast")
@@ -101,10 +102,11 @@ def _fused_gelu_tanh(new_gelu: type) -> type:
     return type("FusedGELUTanh", (new_gelu,), {"forward": forward, "__doc__": _fused_gelu_tanh.__doc__})
 
 
-# Hugging Face's modules the fast engine replaces, by (module, class name): not imported by the ViT
-_HF_REPLACEMENTS = {
+# the library modules the fast engine replaces, by (module, class name), so that neither library is imported here
+_REPLACEMENTS = {
     ("transformers.pytorch_utils", "Conv1D"): _onednn_conv1d,
     ("transformers.activations", "NewGELUActivation"): _fused_gelu_tanh,
+    ("timm.layers.attention", "Attention"): short_attention_module,
 }
 
 
@@ -118,8 +120,8 @@ def use_engine_(model: torch.nn.Module, engine: str) -> torch.nn.Module:
         kind = type(module)
         if kind is torch.nn.Linear:
             module.__class__ = OneDNNLinear
-        elif (kind.__module__, kind.__name__) in _HF_REPLACEMENTS:
-            module.__class__ = _HF_REPLACEMENTS[kind.__module__, kind.__name__](kind)
+        elif (kind.__module__, kind.__name__) in _REPLACEMENTS:
+            module.__class__ = _REPLACEMENTS[kind.__module__, kind.__name__](kind)
     return model
 
 
