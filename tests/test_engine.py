@@ -16,16 +16,18 @@ from conftest import ROOT
 
 from horst_sparse.cpu_mode import missing_cpu_flags
 from horst_sparse.fingerprint import loss_curve, weights_hash
-from horst_sparse.training.attention import (
+from horst_sparse.training.checkpoint import latest_checkpoint
+from horst_sparse.training.engine import OneDNNLinear, use_engine_
+from horst_sparse.training.kernels import (
     MAX_DIM,
     MAX_SEQ,
+    KernelGELU,
     attention_backward,
     attention_forward,
     fits,
+    gelu,
     short_attention,
 )
-from horst_sparse.training.checkpoint import latest_checkpoint
-from horst_sparse.training.engine import OneDNNLinear, use_engine_
 from horst_sparse.vit.data import Mnist1DDataset, TrainLoader, eval_loader
 
 
@@ -130,6 +132,25 @@ def test_short_attention_gives_the_same_bits_twice_at_any_thread_count_and_in_ei
         torch.set_num_threads(threads)
     for other in made[1:]:
         assert all(torch.equal(a, b) for a, b in zip(made[0], other))
+
+
+@pytest.mark.parametrize("spread", [1.0, 10.0])  # 10: deep into both tails
+def test_the_gelu_kernel_is_the_float64_function_and_gradient(spread):
+    torch.manual_seed(0)
+    x = (torch.randn(4, 1003) * spread).requires_grad_()  # 1003: the 8-lane code and the scalar tail
+    x64 = x.detach().double().requires_grad_()
+    grad = torch.randn(4, 1003)
+    out, reference = gelu(x), F.gelu(x64)
+    out.backward(grad)
+    reference.backward(grad.double())
+    torch.testing.assert_close(out.double(), reference, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(x.grad.double(), x64.grad, rtol=1e-5, atol=1e-6)
+    # an element's bits do not depend on which code (lanes or tail) computed it
+    assert torch.equal(gelu(x.detach().flatten()[3:]), gelu(x.detach()).flatten()[3:])
+    assert type(use_engine_(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.GELU()), "fast")[1]) is KernelGELU
+    assert (
+        type(use_engine_(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.GELU("tanh")), "fast")[1]) is torch.nn.GELU
+    )
 
 
 def test_the_fast_engine_runs_timms_attention_in_the_kernel_where_it_fits():

@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from horst_sparse.training.attention import short_attention_module
 from horst_sparse.training.config import require
+from horst_sparse.training.kernels import KernelGELU, short_attention_module
 
 ENGINES = ("reference", "fast")
 
@@ -48,6 +48,16 @@ def check_engine(cfg: Mapping[str, Any]) -> None:
 def _onednn_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`x @ weight.T + bias` of a 2-D `x` and `weight` [out, in] by oneDNN (any strides)."""
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+def _weight_gradient(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """`grad.T @ x` ([out, in]) of `grad` [rows, out] and `x` [rows, in] by oneDNN, which reads a
+    transposed operand fastest when the narrower of the two is copied into rows of its own (and
+    a strided `x`, such as ViT's class token `x[:, 0]`, slowest of all: copied first)."""
+    x = x.contiguous()
+    if grad.shape[1] > x.shape[1]:
+        return _onednn_matmul(x.t().contiguous(), grad.t()).t().contiguous()
+    return _onednn_matmul(grad.t(), x.t())
 
 
 class _OneDNNLinear(torch.autograd.Function):
@@ -68,7 +78,7 @@ class _OneDNNLinear(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_x = _onednn_matmul(grad, weight.t()).view(x.shape)
         if ctx.needs_input_grad[1]:
-            grad_weight = _onednn_matmul(grad.t(), x.reshape(-1, x.shape[-1]).t())
+            grad_weight = _weight_gradient(grad, x.reshape(-1, x.shape[-1]))
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_bias = grad.sum(0)
         return grad_x, grad_weight, grad_bias
@@ -120,6 +130,8 @@ def use_engine_(model: torch.nn.Module, engine: str) -> torch.nn.Module:
         kind = type(module)
         if kind is torch.nn.Linear:
             module.__class__ = OneDNNLinear
+        elif kind is torch.nn.GELU and module.approximate == "none":
+            module.__class__ = KernelGELU
         elif (kind.__module__, kind.__name__) in _REPLACEMENTS:
             module.__class__ = _REPLACEMENTS[kind.__module__, kind.__name__](kind)
     return model

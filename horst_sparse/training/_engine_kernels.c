@@ -16,9 +16,9 @@
  * in two parts (Cody-Waite), e^r by Cephes' degree-7 polynomial (~1 ulp); 0 below exp's
  * float range (no denormals). */
 static inline float exp_nonpositive(float x) {
-    if (x < -87.0f) return 0.0f;
-    float n = floorf(x * 1.44269504088896341f + 0.5f);
-    float r = fmaf(n, -0.693359375f, x);
+    const float clamped = x < -87.0f ? -87.0f : x; /* keeps 2^n a normal number; branch-free, so loops vectorise */
+    const float n = floorf(clamped * 1.44269504088896341f + 0.5f);
+    float r = fmaf(n, -0.693359375f, clamped);
     r = fmaf(n, 2.12194440e-4f, r);
     float p = 1.9875691500e-4f;
     p = fmaf(p, r, 1.3981999507e-3f);
@@ -26,9 +26,9 @@ static inline float exp_nonpositive(float x) {
     p = fmaf(p, r, 4.1665795894e-2f);
     p = fmaf(p, r, 1.6666665459e-1f);
     p = fmaf(p, r, 5.0000001201e-1f);
-    float y = fmaf(p, r * r, r) + 1.0f;
-    union { uint32_t bits; float value; } two_n = {(uint32_t)((int32_t)n + 127) << 23};
-    return y * two_n.value;
+    const float y = fmaf(p, r * r, r) + 1.0f;
+    union { int32_t bits; float value; } two_n = {((int32_t)n + 127) << 23};
+    return x < -87.0f ? 0.0f : y * two_n.value;
 }
 
 /* Limits of the shapes (attention.py's MAX_SEQ, MAX_DIM: the caller checks them). */
@@ -228,5 +228,70 @@ void attention_backward_f32(const float *qkv, const float *probs, const float *g
             backward_one(q, q + width, q + 2 * width, p, go, gq, gq + width, gq + 2 * width, seq, dim, token, width,
                          scale, ds, weighted, dq, dk, dv);
         }
+    }
+}
+
+/* GELU (exact: x * Phi(x), Phi the normal CDF) and its gradient, elementwise. Phi from Abramowitz
+ * & Stegun 7.1.26 for erfc (|error| < 1.5e-7, as ATen's vectorised erf), taken on |x| so that the
+ * tail x < 0 is the small erfc itself, not 1 minus a number near 1. */
+static inline void normal_cdf_pdf(float x, float *cdf, float *pdf) {
+    const float z = fabsf(x) * 0.707106781186547524f;
+    const float t = 1.0f / fmaf(0.3275911f, z, 1.0f);
+    float poly = 1.061405429f;
+    poly = fmaf(poly, t, -1.453152027f);
+    poly = fmaf(poly, t, 1.421413741f);
+    poly = fmaf(poly, t, -0.284496736f);
+    poly = fmaf(poly, t, 0.254829592f);
+    const float gauss = exp_nonpositive(-(z * z)); /* exp(-x^2 / 2) */
+    const float half_erfc = 0.5f * (poly * t) * gauss;
+    *cdf = x < 0.0f ? half_erfc : 1.0f - half_erfc;
+    *pdf = gauss * 0.398942280401432678f;
+}
+
+/* normal_cdf_pdf on 8 lanes: the same operations in the same order, so the same bits. */
+static inline void normal_cdf_pdf8(__m256 x, __m256 *cdf, __m256 *pdf) {
+    const __m256 z = _mm256_mul_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), x), _mm256_set1_ps(0.707106781186547524f));
+    const __m256 t = _mm256_div_ps(_mm256_set1_ps(1.0f), _mm256_fmadd_ps(_mm256_set1_ps(0.3275911f), z, _mm256_set1_ps(1.0f)));
+    __m256 poly = _mm256_set1_ps(1.061405429f);
+    poly = _mm256_fmadd_ps(poly, t, _mm256_set1_ps(-1.453152027f));
+    poly = _mm256_fmadd_ps(poly, t, _mm256_set1_ps(1.421413741f));
+    poly = _mm256_fmadd_ps(poly, t, _mm256_set1_ps(-0.284496736f));
+    poly = _mm256_fmadd_ps(poly, t, _mm256_set1_ps(0.254829592f));
+    const __m256 gauss = exp_nonpositive8(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(z, z)));
+    const __m256 half_erfc = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), _mm256_mul_ps(poly, t)), gauss);
+    *cdf = _mm256_blendv_ps(_mm256_sub_ps(_mm256_set1_ps(1.0f), half_erfc), half_erfc,
+                            _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ));
+    *pdf = _mm256_mul_ps(gauss, _mm256_set1_ps(0.398942280401432678f));
+}
+
+void gelu_forward_f32(const float *x, float *y, int64_t n, int threads) {
+    const int64_t blocks = n / 8;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t b = 0; b < blocks; ++b) {
+        __m256 cdf, pdf;
+        const __m256 xb = _mm256_loadu_ps(x + 8 * b);
+        normal_cdf_pdf8(xb, &cdf, &pdf);
+        _mm256_storeu_ps(y + 8 * b, _mm256_mul_ps(xb, cdf));
+    }
+    for (int64_t i = 8 * blocks; i < n; ++i) {
+        float cdf, pdf;
+        normal_cdf_pdf(x[i], &cdf, &pdf);
+        y[i] = x[i] * cdf;
+    }
+}
+
+void gelu_backward_f32(const float *x, const float *grad, float *grad_x, int64_t n, int threads) {
+    const int64_t blocks = n / 8;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t b = 0; b < blocks; ++b) {
+        __m256 cdf, pdf;
+        const __m256 xb = _mm256_loadu_ps(x + 8 * b);
+        normal_cdf_pdf8(xb, &cdf, &pdf);
+        _mm256_storeu_ps(grad_x + 8 * b, _mm256_mul_ps(_mm256_loadu_ps(grad + 8 * b), _mm256_fmadd_ps(xb, pdf, cdf)));
+    }
+    for (int64_t i = 8 * blocks; i < n; ++i) {
+        float cdf, pdf;
+        normal_cdf_pdf(x[i], &cdf, &pdf);
+        grad_x[i] = grad[i] * fmaf(x[i], pdf, cdf);
     }
 }

@@ -1,21 +1,24 @@
-"""Self-attention over short sequences in one C kernel (engine=fast): `_attention_kernel.c`.
+"""engine=fast's own CPU kernels (`_engine_kernels.c`): self-attention over short sequences and GELU.
 
 torch's SDPA spends its time on a short sequence in blocking and per-(example, head) calls, not
 in arithmetic: the embedded ViT's attention ([256, 4 heads, 6 tokens, head dim 8]) costs ~1.7 ms
 forward and backward for ~2 MFLOP (results/bench/engine_profile.md). The kernel does the same
 function in one pass over timm's qkv projection ([batch, seq, 3, heads, head_dim], read in
 place: no permute and no copies) and writes the output as the output projection reads it; its
-backward writes the gradient of the qkv projection in the same layout.
+backward writes the gradient of the qkv projection in the same layout. ATen's exact GELU and its
+backward take ~2 ns an element here; the kernel's, ~0.7.
 
-Its bits depend on neither the CPU nor the thread count (the kernel's header says how): its flags
-are fixed (`FLAGS`: AVX2 and FMA, the reproducible CPU mode's floor; no -march=native, no
--ffast-math, -ffp-contract=off). It is built by the system C compiler through horst's build
-helper (`horst._cpu_kernel.build`: a cache named by a hash of source, flags and compiler).
+Their bits depend on neither the CPU nor the thread count (the C file's header says how): the
+flags are fixed (`FLAGS`: AVX2 and FMA, the reproducible CPU mode's floor; no -march=native, no
+-ffast-math, -ffp-contract=off) and exp and erf are the file's own polynomials, not libm's. The
+library is built by the system C compiler through horst's build helper (`horst._cpu_kernel.build`:
+a cache named by a hash of source, flags and compiler).
 
-`ShortAttention` serves a timm `Attention` whose call fits the kernel (`fits`): float32 on the CPU,
-a sequence of at most `MAX_SEQ` tokens and a head of at most `MAX_DIM`, no mask, no causal
-flag, no attention dropout in training, no q/k normalisation and no gate; any other call takes
-timm's own forward (SDPA).
+`short_attention_module` serves a timm `Attention` whose call fits the kernel (`fits`): float32 on
+the CPU, a sequence of at most `MAX_SEQ` tokens and a head of at most `MAX_DIM`, no mask, no
+causal flag, no attention dropout in training, no q/k normalisation and no gate; any other call
+takes timm's own forward (SDPA). `KernelGELU` serves `nn.GELU()` (exact) on float32 CPU tensors;
+any other input takes `F.gelu`.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-SOURCE = Path(__file__).with_name("_attention_kernel.c")
+SOURCE = Path(__file__).with_name("_engine_kernels.c")
 FLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 # where SDPA's blocking stops being the cost (per (example, head), the kernel's work grows as seq^2)
 MAX_SEQ = 32
@@ -38,11 +41,14 @@ MAX_DIM = 64
 def _kernel() -> ctypes.CDLL:
     from horst._cpu_kernel import build
 
-    library = ctypes.CDLL(str(build(SOURCE, FLAGS, stem="horst_sparse_attention")))
+    library = ctypes.CDLL(str(build(SOURCE, FLAGS, stem="horst_sparse_engine")))
     size, pointer, integer = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
     library.attention_forward_f32.argtypes = [pointer] * 3 + [size] * 4 + [ctypes.c_float, integer, integer]
     library.attention_backward_f32.argtypes = [pointer] * 4 + [size] * 4 + [ctypes.c_float, integer, integer]
-    library.attention_forward_f32.restype = library.attention_backward_f32.restype = None
+    library.gelu_forward_f32.argtypes = [pointer] * 2 + [size, integer]
+    library.gelu_backward_f32.argtypes = [pointer] * 3 + [size, integer]
+    for function in ("attention_forward_f32", "attention_backward_f32", "gelu_forward_f32", "gelu_backward_f32"):
+        getattr(library, function).restype = None
     return library
 
 
@@ -141,3 +147,39 @@ def short_attention_module(attention: type) -> type:
         return self.proj_drop(self.proj(x))
 
     return type("ShortAttention", (attention,), {"forward": forward, "__doc__": short_attention_module.__doc__})
+
+
+class _GELU(torch.autograd.Function):
+    """Exact GELU, x * Phi(x), of a float32 CPU tensor."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        _kernel().gelu_forward_f32(x.data_ptr(), y.data_ptr(), x.numel(), torch.get_num_threads())
+        ctx.save_for_backward(x)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        (x,) = ctx.saved_tensors
+        grad = grad.contiguous()
+        grad_x = torch.empty_like(x)
+        _kernel().gelu_backward_f32(
+            x.data_ptr(), grad.data_ptr(), grad_x.data_ptr(), x.numel(), torch.get_num_threads()
+        )
+        return grad_x
+
+
+def gelu(x: Tensor) -> Tensor:
+    """`F.gelu(x)` (exact) through the kernel where `x` is a float32 CPU tensor, else `F.gelu`."""
+    if x.device.type == "cpu" and x.dtype == torch.float32 and type(x) is torch.Tensor:
+        return _GELU.apply(x)
+    return torch.nn.functional.gelu(x)
+
+
+class KernelGELU(torch.nn.GELU):
+    """`nn.GELU()` (exact) through `gelu`."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return gelu(x)
