@@ -91,6 +91,33 @@ class OneDNNLinear(torch.nn.Linear):
         return _OneDNNLinear.apply(x, self.weight, self.bias)
 
 
+class PatchConv2d(torch.nn.Conv2d):
+    """A patchifying `nn.Conv2d` (kernel = stride, no padding, dilation or groups: a ViT's patch
+    embedding) as one product of the patches and the flattened weight by `_OneDNNLinear`: the same
+    function, the same parameters. The output is the convolution's, laid out channels last (each
+    patch's channels together), which is how the ViT reads it (`flatten(2).transpose(1, 2)`)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        (kh, kw), (height, width) = self.kernel_size, x.shape[-2:]
+        if x.dim() != 4 or x.device.type != "cpu" or height % kh or width % kw:
+            return super().forward(x)
+        batch, channels, rows, cols = x.shape[0], x.shape[1], height // kh, width // kw
+        patches = x.reshape(batch, channels, rows, kh, cols, kw).permute(0, 2, 4, 1, 3, 5)
+        flat = patches.reshape(batch * rows * cols, channels * kh * kw)
+        out = _OneDNNLinear.apply(flat, self.weight.view(self.out_channels, -1), self.bias)
+        return out.view(batch, rows, cols, self.out_channels).permute(0, 3, 1, 2)
+
+
+def _patchifies(conv: torch.nn.Conv2d) -> bool:
+    return (
+        conv.kernel_size == conv.stride
+        and conv.padding == (0, 0)
+        and conv.dilation == (1, 1)
+        and conv.groups == 1
+        and conv.padding_mode == "zeros"
+    )
+
+
 @functools.cache
 def _onednn_conv1d(conv1d: type) -> type:
     """Hugging Face's `Conv1D` (GPT-2's linear layers, weight [in, out]) through `_OneDNNLinear`."""
@@ -130,6 +157,8 @@ def use_engine_(model: torch.nn.Module, engine: str) -> torch.nn.Module:
         kind = type(module)
         if kind is torch.nn.Linear:
             module.__class__ = OneDNNLinear
+        elif kind is torch.nn.Conv2d and _patchifies(module):
+            module.__class__ = PatchConv2d
         elif kind is torch.nn.GELU and module.approximate == "none":
             module.__class__ = KernelGELU
         elif (kind.__module__, kind.__name__) in _REPLACEMENTS:
