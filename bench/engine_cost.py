@@ -8,8 +8,9 @@ the reference engine and in the fast one, in interleaved rounds.
     python bench/engine_cost.py --quick      # a tiny check that the harness runs (seconds, no numbers to keep)
 
 A round runs, for each run and each engine (alternating which engine goes first), one multirun
-over the round's seeds (round r of the ViT has seeds 10 + 4r to 13 + 4r in both engines), from
-the launch of `python train_vit.py -m ...` to its exit. Runs per hour on the two cores = the
+over the round's seeds (round r of the ViT has seeds 10 + 8r to 17 + 8r in both engines: four
+runs a worker, so that a worker's start, paid once in the study's 90-cell sweeps, weighs little),
+from the launch of `python train_vit.py -m ...` to its exit. Runs per hour on the two cores = the
 seeds / the multirun's wall time. The first table gives each engine's median over the rounds and
 the median of the per-round ratio fast / reference (noise slower than a round cancels); min and
 max of that ratio say how noisy the machine was. The second gives each engine's final metric over
@@ -119,7 +120,7 @@ def timed_multirun(line: list[str], engine: str, seeds: list[int]) -> tuple[floa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--seeds", type=int, default=4, help="ViT runs a multirun (two a worker)")
+    parser.add_argument("--seeds", type=int, default=8, help="ViT runs a multirun (four a worker)")
     parser.add_argument("--gpt2-seeds", type=int, default=2, help="GPT-2 runs a multirun (one a worker)")
     parser.add_argument("--gpt2-steps", type=int, default=60, help="of the recipe's 600 updates")
     parser.add_argument("--quick", action="store_true", help="one round of a 4-epoch ViT and a 4-update nano GPT-2")
@@ -133,7 +134,8 @@ def main() -> None:
     per_multirun = dict(zip(cases, (args.seeds, args.gpt2_seeds)))
     seconds: dict[tuple[str, str], list[float]] = {(name, engine): [] for name in cases for engine in ENGINES}
     metrics: dict[tuple[str, str], list[float]] = {(name, engine): [] for name in cases for engine in ENGINES}
-    load_before = os.getloadavg()[0]
+    # what is measured: the tree at the start
+    commit, started, load_before = _provenance.commit(), datetime.datetime.now(), os.getloadavg()[0]
     for round_ in range(args.rounds):
         for name, line in cases.items():
             count = per_multirun[name]
@@ -150,7 +152,7 @@ def main() -> None:
     )
     mode = state()
     print(f"# command: OMP_WAIT_POLICY=PASSIVE python bench/engine_cost.py{options}")
-    print(f"# commit {_provenance.commit()}, {datetime.datetime.now().isoformat(timespec='seconds')}")
+    print(f"# commit {commit}, started {started.isoformat(timespec='seconds')}")
     print(
         f"# machine: {cpu_model()}, {os.cpu_count()} CPUs; torch's CPU capability {mode['aten_capability']}, "
         f"reproducible CPU mode {mode['reproducible']}; a multirun through the joblib launcher, two workers, "

@@ -17,7 +17,7 @@ from conftest import ROOT
 from horst_sparse.cpu_mode import missing_cpu_flags
 from horst_sparse.fingerprint import loss_curve, weights_hash
 from horst_sparse.training.checkpoint import latest_checkpoint
-from horst_sparse.training.engine import OneDNNLinear, use_engine_
+from horst_sparse.training.engine import OneDNNLinear, PatchConv2d, use_engine_
 from horst_sparse.training.kernels import (
     MAX_DIM,
     MAX_SEQ,
@@ -132,6 +132,30 @@ def test_short_attention_gives_the_same_bits_twice_at_any_thread_count_and_in_ei
         torch.set_num_threads(threads)
     for other in made[1:]:
         assert all(torch.equal(a, b) for a, b in zip(made[0], other))
+
+
+@pytest.mark.parametrize(
+    ("channels", "kernel", "size"),
+    [(1, (1, 8), (1, 40)), (3, (4, 4), (8, 12)), (3, (4, 4), (9, 12))],  # the last: not whole patches, the convolution
+)
+def test_a_patchifying_convolution_is_one_product_with_the_same_function_and_gradients(channels, kernel, size):
+    torch.manual_seed(0)
+    reference = torch.nn.Conv2d(channels, 16, kernel, stride=kernel)
+    fast = use_engine_(torch.nn.Sequential(torch.nn.Conv2d(channels, 16, kernel, stride=kernel)), "fast")[0]
+    fast.load_state_dict(reference.state_dict())
+    assert isinstance(fast, PatchConv2d)
+    x = torch.randn(5, channels, *size, requires_grad=True)
+    x_fast = x.detach().clone().requires_grad_()
+    out, out_fast = reference(x), fast(x_fast)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    out_fast.backward(grad)
+    torch.testing.assert_close(out_fast, out)
+    torch.testing.assert_close(x_fast.grad, x.grad)
+    for mine, theirs in zip(fast.parameters(), reference.parameters()):
+        torch.testing.assert_close(mine.grad, theirs.grad)
+    overlapping = use_engine_(torch.nn.Sequential(torch.nn.Conv2d(channels, 16, 3, stride=1)), "fast")[0]
+    assert type(overlapping) is torch.nn.Conv2d
 
 
 @pytest.mark.parametrize("spread", [1.0, 10.0])  # 10: deep into both tails

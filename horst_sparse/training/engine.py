@@ -4,13 +4,20 @@
   holds its bits).
 * `fast`: the same model, data, batches, schedule and evaluation on cheaper CPU kernels; the
   numbers differ from `reference` in floating-point rounding only, and are the same bits on any
-  x86 CPU with AVX2 at the same thread count, as `reference`'s are:
+  x86 CPU with AVX2 and FMA at the same thread count, as `reference`'s are:
 
   - every `nn.Linear` (and GPT-2's `Conv1D`) multiplies through oneDNN instead of MKL
     (`_OneDNNLinear`): under the reproducible CPU mode MKL runs its COMPATIBLE branch
     (`MKL_CBWR=COMPATIBLE,STRICT`), several times slower than oneDNN on the small matrices of
-    the embedded models (results/bench/engine_profile.md); oneDNN is pinned to AVX2 (`ONEDNN_MAX_CPU_ISA=AVX2`) by the same mode,
-    as for the convolutions and GELU it already runs in both engines (horst_sparse.cpu_mode);
+    the embedded models (results/bench/engine_profile.md); oneDNN is pinned to AVX2
+    (`ONEDNN_MAX_CPU_ISA=AVX2`) by the same mode, as for the convolutions and GELU it already runs
+    in both engines (horst_sparse.cpu_mode). A weight's gradient copies the narrower operand (and a
+    strided input, the ViT's class token) into rows first (`_weight_gradient`): oneDNN reads a
+    transposed operand slowly;
+  - a patchifying `nn.Conv2d` (the ViT's patch embedding) as one such product (`PatchConv2d`);
+  - timm's attention over short sequences (the ViT's 6 tokens) and exact GELU in the engine's own C
+    kernels (`horst_sparse.training.kernels`: fixed flags, own exp and erf, fixed summation order),
+    with timm's SDPA and `F.gelu` where a call does not fit them;
   - GPT-2's tanh GELU as torch's one fused kernel, not six elementwise ops (`_fused_gelu_tanh`);
   - the optimizer's fast path (`fused=True`: horst's C kernel on the CPU, built by the system C
     compiler, as the GPT-2 recipe runs it in both engines) instead of the plain eager path;
@@ -19,7 +26,9 @@
   - a CPU run reseeds only the CPU generator before each ViT batch (`seed_rngs(cpu_only=True)`):
     the same draws, without queueing a seed for every CUDA device.
 
-`results/bench/engine_cost.txt` (bench/engine_cost.py) measures the runs per hour of both.
+A run of `fast` names its engine in its signature (`horst_sparse.training.no_effect.SIGNED_UNLESS_DEFAULT`):
+the study's cells say which engine made them. `results/bench/engine_cost.txt` (bench/engine_cost.py)
+measures the runs per hour of both as the study's multiruns run them.
 """
 
 from __future__ import annotations
