@@ -8,7 +8,7 @@ the reference engine and in the fast one, in interleaved rounds.
     python bench/engine_cost.py --quick      # a tiny check that the harness runs (seconds, no numbers to keep)
 
 A round runs, for each run and each engine (alternating which engine goes first), one multirun
-over the round's seeds (round r of the ViT has seeds 10 + 8r to 17 + 8r in both engines: four
+over the round's seeds (round r of the ViT has seeds 10 + 6r to 15 + 6r in both engines: three
 runs a worker, so that a worker's start, paid once in the study's 90-cell sweeps, weighs little),
 from the launch of `python train_vit.py -m ...` to its exit. Runs per hour on the two cores = the
 seeds / the multirun's wall time. The first table gives each engine's median over the rounds and
@@ -120,7 +120,7 @@ def timed_multirun(line: list[str], engine: str, seeds: list[int]) -> tuple[floa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--seeds", type=int, default=8, help="ViT runs a multirun (four a worker)")
+    parser.add_argument("--seeds", type=int, default=6, help="ViT runs a multirun (three a worker)")
     parser.add_argument("--gpt2-seeds", type=int, default=2, help="GPT-2 runs a multirun (one a worker)")
     parser.add_argument("--gpt2-steps", type=int, default=60, help="of the recipe's 600 updates")
     parser.add_argument("--quick", action="store_true", help="one round of a 4-epoch ViT and a 4-update nano GPT-2")
