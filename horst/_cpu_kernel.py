@@ -114,13 +114,14 @@ def cached_build_problem(library: Path) -> str | None:
     return problem
 
 
-def build() -> Path:
-    """The path of the compiled kernel: the trusted cached build, or a new one."""
+def build(source: Path = SOURCE, flags: list[str] | None = None, stem: str = "horst_cpu_kernel") -> Path:
+    """The path of the compiled ``source`` (this kernel by default; ``flags`` default to
+    ``_flags()``): the trusted cached build, or a new one named ``<stem>_<hash>.so``."""
     compiler = _compiler()
-    flags = _flags()
+    flags = _flags() if flags is None else flags
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), *flags, version]).encode()).hexdigest()[:16]
-    name = f"horst_cpu_kernel_{key}.so"
+    key = hashlib.sha256("\0".join([source.read_text(), *flags, version]).encode()).hexdigest()[:16]
+    name = f"{stem}_{key}.so"
     folder = cache_dir()
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -129,7 +130,7 @@ def build() -> Path:
         if problem is None:
             with _exclusive(folder / f"{name}.lock"):  # one process builds, the others wait for its build
                 if not library.exists():
-                    return _compile(compiler, flags, library)
+                    return _compile(compiler, flags, source, library)
                 problem = cached_build_problem(library)
         if problem is None:
             return library
@@ -140,7 +141,7 @@ def build() -> Path:
         KernelCacheWarning,
         stacklevel=2,
     )
-    return _compile(compiler, flags, _private_dir() / name)
+    return _compile(compiler, flags, source, _private_dir() / name)
 
 
 @contextlib.contextmanager
@@ -161,13 +162,13 @@ def _private_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix="horst-kernel-"))  # mode 0700, removed with the machine's /tmp
 
 
-def _compile(compiler: str, flags: list[str], library: Path) -> Path:
+def _compile(compiler: str, flags: list[str], source: Path, library: Path) -> Path:
     # build next to the target and rename: a process that loads the library sees all of it or none
     with tempfile.TemporaryDirectory(dir=library.parent) as tmp:
         partial = Path(tmp) / library.name
-        result = subprocess.run([compiler, *flags, str(SOURCE), "-o", str(partial)], capture_output=True, text=True)
+        result = subprocess.run([compiler, *flags, str(source), "-o", str(partial)], capture_output=True, text=True)
         if result.returncode != 0:
-            raise KernelBuildError(f"{compiler} failed on {SOURCE.name}:\n{result.stderr.strip()}")
+            raise KernelBuildError(f"{compiler} failed on {source.name}:\n{result.stderr.strip()}")
         os.chmod(partial, 0o755)
         record = Path(tmp) / hash_record(library).name
         record.write_text(content_hash(partial) + "\n")

@@ -45,7 +45,7 @@ import yaml
 from horst_sparse.analysis.matched import STEP, curve_points
 from horst_sparse.analysis.tables import write_csv
 from horst_sparse.paths import CONFIGS
-from horst_sparse.training.no_effect import no_effect
+from horst_sparse.training.no_effect import SIGNED_UNLESS_DEFAULT, no_effect
 
 SUMMARY, FAILED, CONFIG = "summary.json", "failed.json", "config.yaml"
 ARMS = CONFIGS / "experiment"  # an arm of a study is an experiment that names its `arm`
@@ -115,12 +115,15 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def signature(config: dict[str, Any]) -> dict[str, Any]:
-    """The flattened config minus what changes no number and what tells the seeds of a cell apart."""
-    return {
+    """The flattened config minus what changes no number and what tells the seeds of a cell apart,
+    plus the keys of SIGNED_UNLESS_DEFAULT that are not at their default (a run made by engine=fast)."""
+    flat = flatten(config)
+    kept = {
         k: v
-        for k, v in flatten(config).items()
+        for k, v in flat.items()
         if not no_effect(k) and not any(k == p or k.startswith(p + ".") for p in NOT_SIGNATURE)
     }
+    return kept | {k: flat[k] for k, default in SIGNED_UNLESS_DEFAULT.items() if flat.get(k, default) != default}
 
 
 def signature_hash(config: dict[str, Any]) -> str:

@@ -26,7 +26,8 @@ NO_EFFECT = (
     # environment does, horst_sparse.cpu_mode), and the mode changes rounding only
     "reproducible_cpu",
     "compile",
-    # which kernels compute the same functions on the same batches (horst_sparse.training.engine): rounding only
+    # which kernels compute the same functions on the same batches (horst_sparse.training.engine): rounding only;
+    # a run's signature still names an engine other than the default (SIGNED_UNLESS_DEFAULT)
     "engine",
     # the ViT's micro-batches per update: the same global batch, accumulated (summation order only)
     "train.accum_steps",
@@ -54,6 +55,12 @@ NO_EFFECT = (
     # a tuning trial's cells: each of its runs has its cell's values in the keys it names
     "tune_over",
 )
+
+# Keys of NO_EFFECT that a run's recorded signature (horst_sparse.analysis.runs.signature) names where
+# they differ from their default: runs of another engine round otherwise, so a study's cells say which
+# engine made them, and its stale-run check tells them apart; a run at the default (every run of
+# protocols v1-v6, which record no engine) keeps the signature it had.
+SIGNED_UNLESS_DEFAULT = {"engine": "reference"}
 
 
 def no_effect(key: str) -> bool:

@@ -162,6 +162,7 @@ class Mnist1DDataset(Dataset):
         self.indices = stratified_splits(y, val_fraction=val_fraction, test_fraction=test_fraction)[split]
         self.inputs = torch.from_numpy(x[self.indices]).view(-1, 1, 1, x.shape[1])
         self.targets = y[self.indices].tolist()
+        self.labels = torch.from_numpy(y[self.indices])  # `targets` as one tensor: for `batch`
         self.classes = [str(c) for c in range(10)]
 
     def __len__(self) -> int:
@@ -173,7 +174,7 @@ class Mnist1DDataset(Dataset):
     def batch(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The items at `indices` as one batch by indexing: what the DataLoader collates from
         them one by one, bit for bit (no transform draws from any generator)."""
-        return self.inputs[indices], torch.as_tensor(self.targets)[indices]
+        return self.inputs[indices], self.labels[indices]
 
 
 def check_imagefolder_root(root: str | None) -> list[str]:
