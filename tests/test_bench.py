@@ -57,15 +57,15 @@ def test_the_cpu_mode_bench_times_each_run_in_both_modes():
     assert all(float(row[3]) > 0 for row in table)
 
 
-@pytest.mark.slow  # ~2 min: eight short runs, two at a time
-def test_the_engine_cost_bench_compares_both_engines_side_by_side():
+@pytest.mark.slow  # ~2 min: four multiruns of two short runs, two workers each
+def test_the_engine_cost_bench_compares_both_engines_as_the_study_runs_them():
     out = bench("engine_cost.py", "--quick")
-    assert "two runs side by side" in out and "reproducible CPU mode True" in out
+    assert "through the joblib launcher, two workers" in out and "reproducible CPU mode True" in out
     table = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| ") and "---" not in line]
     costs, finals = table[1:3], table[4:]
     assert [row[0].strip() for row in costs] == ["vit (mnist1d, 4 epochs)", "gpt2 (pydoc, 4 updates)"]
     assert all(float(row[5]) > 0 for row in costs)  # runs per hour, fast / reference
-    assert [row[1].strip() for row in finals] == ["top-1", "dense perplexity"]
+    assert [row[1:3] for row in finals] == [[" 10-11 ", " top-1 "], [" 10-11 ", " dense perplexity "]]
 
 
 def test_the_readmes_make_test_time_is_the_one_command_time_wrote():
