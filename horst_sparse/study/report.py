@@ -29,7 +29,7 @@ def readme(
 ) -> str:
     """The results folder's README: what ran, from which commits and protocol, how to rewrite it, the cost."""
     mine = frame if protocol is None else frame[frame["protocol"] == protocol.version]
-    commits = ", ".join(f"`{c[:12]}`" for c in sorted(mine.git_commit.dropna().unique()))
+    commits = ", ".join(f"`{c[:12]}`" for c in sorted(mine.git_commit.dropna().unique())) or "none yet"
     presets = list(dict.fromkeys(j.preset for j in jobs))
     lines = "\n".join(f"    {shlex.join(command(p, [], extra))}" for p in presets)
     hours = mine.drop_duplicates("run").wall_time_s.sum() / 3600
