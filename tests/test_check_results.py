@@ -173,3 +173,29 @@ def test_a_diverged_run_without_a_row_for_a_number_counts_as_diverged_in_it(caps
     reruns.within_spread(pd.concat([dense, wanda]), rerun, [10, 11, 12])
     out = capsys.readouterr().out
     assert "ppl wanda unstructured 0.5: reruns 80, 81, 82; committed 79.5 to 84.1; diverged 2 of 10 committed" in out
+
+
+def test_a_cell_not_run_yet_is_named_and_passed_over_and_a_record_of_another_config_fails(
+    tmp_path, monkeypatch, capsys
+):
+    """`make check-results` between a version's registration and its runs: a pipeline whose cell the
+    record does not hold at all is not checked (said so); nothing checked is a failure; a run the
+    record holds at another config fails as before. No rerun is started in either case."""
+    from horst_sparse.analysis.runs import RECORD_COLUMNS
+
+    (tmp_path / "results" / "embedded").mkdir(parents=True)
+    record = tmp_path / "results" / "embedded" / "runs.csv"
+    pd.DataFrame(columns=RECORD_COLUMNS).to_csv(record, index=False)
+    monkeypatch.setattr(check, "REPO", tmp_path)
+    monkeypatch.setattr("horst_sparse.study.run.run_multiruns", lambda *a, **k: pytest.fail("a rerun started"))
+    one_seed = ["seed=20"]  # the first reporting seed alone: the check composes 9 jobs, not 360
+    assert check.check_results("embedded", extra=one_seed, pipelines=["vit"]) == 1
+    out = capsys.readouterr().out
+    assert "vit: outputs/embedded/v7/vit/horst/s0.9/seed20 is not in the record yet" in out
+    assert "nothing was checked" in out
+    run = "outputs/embedded/v7/vit/horst/s0.9/seed20"
+    other = {c: None for c in RECORD_COLUMNS} | {"run": run, "pipeline": "vit", "seed": 20, "signature": "other",
+                                                "metric": "top1", "value": 0.5}  # fmt: skip
+    pd.DataFrame([other], columns=RECORD_COLUMNS).to_csv(record, index=False)
+    assert check.check_results("embedded", extra=one_seed, pipelines=["vit"]) == 1
+    assert "not in the record as a run of this job's config" in capsys.readouterr().out
