@@ -87,6 +87,7 @@ def test_command_time_writes_a_time_only_for_a_command_that_succeeds(tmp_path):
     assert failed.returncode == 1 and not out.exists() and "exited 3: no time written" in failed.stderr
 
 
+@pytest.mark.slow  # ~35 s: the pipeline's step timed in a subprocess (make test keeps under 10 min on 2 cores)
 def test_the_train_step_bench_times_the_pipelines_step_and_checks_its_mfu():
     tiny = ("train_step.py", "--layers", "1", "--width", "32", "--context", "16", "--batch", "2", "--rounds", "2")
     out = bench(*tiny, "--warmup", "1", "--threads", "1", "--peak-tflops", "1", "--mfu-target", "1e-6")
