@@ -13,7 +13,7 @@ import pytest
 from conftest import record, vit_claim
 from scipy import stats
 
-from horst_sparse.analysis import claims, report
+from horst_sparse.analysis import claims, report, tables
 from horst_sparse.analysis.stats import median_interval, rate_interval, signed_rank_p
 
 RULES = claims.load_rules()
@@ -109,3 +109,37 @@ def test_the_report_gives_the_divergence_rates_and_the_complete_case_sensitivity
     )
     assert "gpt2 horst 2 of 10 [3-56 %]" in headline and "left out of the pairs" not in headline
     assert "[1.0" in text and "∞]" in text  # the rank interval reaches the diverged runs
+
+
+def test_the_plain_reading_says_where_each_endpoint_falls_what_it_excludes_and_the_divergence():
+    """The README's plain reading (report.plain_markdown): the verdict, each endpoint under its
+    outcome with the judge's numbers, what an undecided interval excludes at the stated smallest
+    effect, each arm's divergence, and the complete-case verdict where it differs."""
+    rules = {**COUNTING, "smallest_effect": {"top1": 1.0}}
+    frame = diverged(vit_claim({0.7: 3.0, 0.8: 0.0, 0.9: 0.05}, seeds=12), "horst", [2])
+    judgement = claims.judge(frame, rules)
+    verdicts = claims.verdicts(judgement, rules)
+    line = report.plain_markdown(judgement, verdicts, rules, claims.divergence_rates(frame, rules)).splitlines()[0]
+    at_90 = judgement.set_index("endpoint").loc[AT_90]
+    assert at_90.outcome == claims.UNDECIDED and at_90.high < 1.0 and -at_90.low < 1.0
+    assert line.startswith(
+        "* **Claim 1 (vit): not reproduced.** top-1, horst − adamw (median over seeds [95 % interval]): "
+    )
+    assert "against the claim gain at 80 % minus gain at 70 % (" in line
+    both = "excludes a gain of 1 top-1 points or more and a loss of 1 top-1 points or more"
+    assert f"at 90 % ({tables.estimate_text(at_90)}; {both})" in line
+    assert line.endswith("Diverged runs (each counted as its arm's worst outcome): horst 1 of 12, adamw 0 of 12.")
+
+    only_90 = {
+        **rules,
+        "claims": [
+            {**RULES["claims"][0], "endpoints": [{"metric": "top1", "first": "horst", "second": "adamw", "at": [0.9]}]}
+        ],
+    }
+    frame = diverged(vit_claim({0.9: 2.0}), "horst", [2, 5, 8])
+    judgement = claims.judge(frame, only_90)
+    text = report.plain_markdown(
+        judgement, claims.verdicts(judgement, only_90), only_90, claims.divergence_rates(frame, only_90)
+    )
+    assert text.startswith("* **Claim 1 (vit): inconclusive at this scale.**")
+    assert "Leaving diverged runs out (complete cases), it would read reproduced." in text

@@ -198,7 +198,7 @@ def test_committed_outputs_agree_and_regenerate_from_the_record(tmp_path, folder
             labelled = f"**Protocol {label(versions[number - 1], repeated.get(number, {}))}**"
             assert labelled in (committed / "headline.md").read_text()
             assert (version / "claims.md").read_text() in (committed / "claims.md").read_text()
-        for name in ("claims.md", "headline.md"):
+        for name in ("claims.md", "headline.md", "plain.md"):
             assert (tmp_path / name).read_text() == (committed / name).read_text()
     else:
         if (committed / report.WEIGHT_HISTOGRAMS).is_file():
@@ -211,11 +211,15 @@ def test_committed_outputs_agree_and_regenerate_from_the_record(tmp_path, folder
     assert (committed / "headline.md").read_text() in (committed / "README.md").read_text()
 
 
-def test_the_readme_headline_block_is_the_generated_one():
-    block = report.readme_block((ROOT / "README.md").read_text())
-    if block is None:
-        pytest.skip("README.md has no headline block yet: paste results/embedded/headline.md between its markers")
-    assert block == (ROOT / "results" / "embedded" / "headline.md").read_text()
+@pytest.mark.parametrize(
+    "name, start, end",
+    [("headline.md", report.HEADLINE_START, report.HEADLINE_END), ("plain.md", report.PLAIN_START, report.PLAIN_END)],
+)
+def test_the_readme_blocks_are_the_generated_ones(name, start, end):
+    """The headline and the plain reading in README.md are results/embedded's, as generated."""
+    block = report.readme_block((ROOT / "README.md").read_text(), start, end)
+    assert block is not None, f"README.md has no block {start}: paste results/embedded/{name} there"
+    assert block == (ROOT / "results" / "embedded" / name).read_text()
 
 
 def test_study_report_on_the_command_line(tmp_path):
