@@ -623,7 +623,7 @@ def write_report(
         + (
             "<pipeline>_<metric>.csv and .tex), the figures.\n\n"
             if unjudged
-            else "<pipeline>_<metric>.csv and .tex), paired.md/.csv, claims.md/.csv (verdicts and the power table), headline.md, the figures.\n\n"
+            else "<pipeline>_<metric>.csv and .tex), paired.md/.csv, claims.md/.csv (verdicts and the power table), headline.md, plain.md (the verdicts read plainly), the figures.\n\n"
         )
     )
     (out / "README.md").write_text(intro + headline)
