@@ -169,6 +169,8 @@ def test_v7s_report_of_the_vit_runs_alone_judges_them_and_draws_no_matched_figur
     rules = claims.load_rules(ROOT / "protocols" / "embedded" / "claims_v7.yaml")
     text = report.write_report(vit_claim({0.7: 1.0, 0.8: 2.0, 0.9: 3.0}), tmp_path, rules=rules, split="test")
     assert "1. **" in text and "2. **not tested" in text
+    headline = (tmp_path / "headline.md").read_text()
+    assert "divergence: vit horst 0 of 10 [0-31 %]; vit adamw 0 of 10 [0-31 %]\n" in headline  # no GPT-2 arm
     assert not (tmp_path / "pruned_vs_dense.png").exists()
     assert "no gpt2 runs yet: no figure at matched dense perplexity" in capsys.readouterr().out
 

@@ -560,6 +560,8 @@ def write_report(
             verdicts.merge(_ratio_csv(judgement), on="claim").drop(columns=["sign", "text"]), out / "claims.csv"
         )
         rates = claims.divergence_rates(frame, rules) if rules.get("divergence") == "worst" else None
+        if rates is not None:  # an arm without runs yet (a version's pipeline still to run) has no rate
+            rates = rates[rates.seeds > 0].reset_index(drop=True)
         claims_md = claims_markdown(judgement, verdicts, rules, split, rates)
         (out / "claims.md").write_text(claims_md)
         headline = headline_markdown(judgement, verdicts, split, source or str(out), rules, rates)
