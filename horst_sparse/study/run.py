@@ -115,10 +115,11 @@ def run_study(
     if todo and not report_only:
         # New runs join a record of this code's runs only (and, where the study is a comparison,
         # at picks this code made: a code change may move a tuning's optimum; the demo only shows
-        # the pipelines at the picks they read). A report adds no run: the record's numbers stand,
-        # each with its commit, whatever the code has become since.
+        # the pipelines at the picks they read). The picks are those the new runs read: another
+        # pipeline's (tuned later, or at an earlier commit) changes nothing they compute. A report
+        # adds no run: the record's numbers stand, each with its commit, whatever the code has become since.
         check_provenance(
-            [*frame.git_commit.dropna().unique(), *(c for _, c in (picks(every) if current else ()))],
+            [*frame.git_commit.dropna().unique(), *(c for _, c in (picks(todo) if current else ()))],
             reviewed=protocols.reviewed(versions),
         )
         status = run_multiruns(multiruns(todo, extra), extra)
