@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import ROOT
+from conftest import ROOT, vit_claim
 from PIL import Image
 
 from horst_sparse.analysis import claims, matched, report, runs
@@ -161,6 +161,16 @@ def test_v7s_report_draws_one_figure_with_adamw_as_the_reference_and_ham_as_a_cu
     text = report.write_report(pd.concat([frame, ham], ignore_index=True), tmp_path, rules=rules, split="test")
     assert "horst / adamw at 50 %, matched dense perplexity" in text and "horst / ham at 50 %, matched dense" in text
     assert (tmp_path / "pruned_vs_dense.png").is_file()
+
+
+def test_v7s_report_of_the_vit_runs_alone_judges_them_and_draws_no_matched_figure(tmp_path, capsys):
+    """v7's ViT runs land before its GPT-2 runs: the report judges claim 1, leaves the GPT-2 claims
+    untested and says why the figure at matched dense perplexity is missing."""
+    rules = claims.load_rules(ROOT / "protocols" / "embedded" / "claims_v7.yaml")
+    text = report.write_report(vit_claim({0.7: 1.0, 0.8: 2.0, 0.9: 3.0}), tmp_path, rules=rules, split="test")
+    assert "1. **" in text and "2. **not tested" in text
+    assert not (tmp_path / "pruned_vs_dense.png").exists()
+    assert "no gpt2 runs yet: no figure at matched dense perplexity" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

@@ -520,7 +520,10 @@ def write_report(
             confidence=rules["confidence"],
             title=f"Perplexity after one-shot magnitude pruning ({split} split{caveat})",
         )
-    if (matched := matched_figure_of(rules)) is not None:
+    matched = matched_figure_of(rules)
+    if matched is not None and not (frame.pipeline == matched[0]).any():
+        print(f"note: no {matched[0]} runs yet: no figure at matched dense perplexity (pruned_vs_dense.png)")
+    elif matched is not None:
         pipeline, reference, arms, sparsities = matched
         figures.matched_figure(
             everything,
