@@ -126,7 +126,7 @@ def test_the_plain_reading_says_where_each_endpoint_falls_what_it_excludes_and_t
         "* **Claim 1 (vit): not reproduced.** top-1, horst − adamw (median over seeds [95 % interval]): "
     )
     assert "against the claim gain at 80 % minus gain at 70 % (" in line
-    both = "excludes a gain of 1 top-1 points or more and a loss of 1 top-1 points or more"
+    both = "excludes a gain of 1 top-1 point or more and a loss of 1 top-1 point or more"
     assert f"at 90 % ({tables.estimate_text(at_90)}; {both})" in line
     assert line.endswith("Diverged runs (each counted as its arm's worst outcome): horst 1 of 12, adamw 0 of 12.")
 

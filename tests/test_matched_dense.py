@@ -178,8 +178,8 @@ def test_v7s_report_of_the_vit_runs_alone_judges_them_and_draws_no_matched_figur
 @pytest.mark.parametrize(
     "metric,ratio,sign,low,high,words",
     [
-        ("top1", False, 1, -0.4, 0.8, "excludes a gain of 1 top-1 points or more and a loss of 1 top-1 points or more"),
-        ("top1", False, 1, -2.0, 0.8, "excludes a gain of 1 top-1 points or more"),
+        ("top1", False, 1, -0.4, 0.8, "excludes a gain of 1 top-1 point or more and a loss of 1 top-1 point or more"),
+        ("top1", False, 1, -2.0, 0.8, "excludes a gain of 1 top-1 point or more"),
         ("top1", False, 1, -2.0, 3.0, ""),  # too wide to rule out the effect that matters either way
         ("ppl", True, -1, math.log(0.97), math.log(1.2), "excludes a gain of ×1.05 or more"),
         ("ppl", True, -1, math.log(0.9), math.log(1.02), "excludes a loss of ×1.05 or more"),

@@ -266,7 +266,8 @@ def excluded(row: Any, rules: dict[str, Any]) -> str:
         return ""
     size = math.log(effect) if row.ratio else effect
     best, worst = (row.high, -row.low) if row.sign > 0 else (-row.low, row.high)  # in the claimed direction
-    shown = f"×{effect:g}" if row.ratio else f"{effect:g} {row.unit}"
+    unit = row.unit[:-1] if effect == 1 and row.unit.endswith("points") else row.unit  # 1 top-1 point
+    shown = f"×{effect:g}" if row.ratio else f"{effect:g} {unit}"
     ruled_out = [f"a {kind} of {shown} or more" for kind, end in (("gain", best), ("loss", worst)) if end < size]
     return f"excludes {' and '.join(ruled_out)}" if ruled_out else ""
 
