@@ -63,6 +63,7 @@ def drawn(monkeypatch) -> dict[str, list[str]]:
     return found
 
 
+@pytest.mark.slow  # ~40 s: every version's report redrawn (the committed figures' borders: below, by default)
 def test_the_studys_figures_lie_inside_their_canvas_and_are_the_committed_ones(tmp_path, drawn):
     """`horst-sparse study --report-only` (and the demo's, `--demo --out results/demo --report-only`) on
     copies of the committed results: every figure it draws keeps its text inside, and is the

@@ -83,6 +83,7 @@ def test_kill_and_resume_matches_uninterrupted_run(pydoc_dir, tmp_path, capsys):
     assert ppl(run_dir) == ppl(reference)
 
 
+@pytest.mark.slow  # ~20 s: two gloo processes; FSDP2 against DDP stays in the default suite
 def test_ddp_two_processes_match_one_process(pydoc_dir, tmp_path):
     overrides = tiny_overrides(pydoc_dir, "train.micro_batch_size=2", "train.max_steps=6", "prune.sparsities=[0.0,0.5]")
     single = run(compose_cfg(overrides), run_dir=tmp_path / "single")

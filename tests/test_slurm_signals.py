@@ -112,6 +112,7 @@ def paste(line: str, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", "-c", line], cwd=ROOT, env=env, capture_output=True, text=True, **kwargs)
 
 
+@pytest.mark.slow  # ~20 s: a GPT-2 run interrupted and resumed by the printed line, in a shell
 def test_the_line_printed_at_ctrl_c_runs_when_pasted_into_a_shell(pydoc_dir, tmp_path):
     """A run folder named after overrides holds `=` and `,` (and here a space): the printed line,
     pasted as it is, parses in bash and in Hydra and continues the run from its checkpoint."""

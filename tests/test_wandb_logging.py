@@ -114,6 +114,7 @@ def logged_keys(history: list[dict]) -> set[str]:
     return keys
 
 
+@pytest.mark.slow  # ~30 s: the ViT's run through wandb's reader stays in the default suite
 def test_gpt2_run_reads_at_a_glance_in_wandb(pydoc_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     run_dir = tmp_path / "run"
