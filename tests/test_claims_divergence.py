@@ -123,7 +123,7 @@ def test_the_plain_reading_says_where_each_endpoint_falls_what_it_excludes_and_t
     at_90 = judgement.set_index("endpoint").loc[AT_90]
     assert at_90.outcome == claims.UNDECIDED and at_90.high < 1.0 and -at_90.low < 1.0
     assert line.startswith(
-        "* **Claim 1 (vit): not reproduced.** top-1, horst − adamw (median over seeds [95 % interval]): "
+        "* **Claim 1 (vit): not reproduced.** top-1, horst − adamw in top-1 points (median over seeds [95 % interval]): "
     )
     assert "against the claim gain at 80 % minus gain at 70 % (" in line
     both = "excludes a gain of 1 top-1 point or more and a loss of 1 top-1 point or more"

@@ -442,7 +442,7 @@ def plain_markdown(
     """The verdicts read plainly: for each claim its verdict, then for each pair of arms it compares
     where the endpoints fall (for the claim, against it, undecided), each with its estimate and
     interval, what an undecided one's interval excludes, the arms' divergence, and the sensitivity
-    analyses' verdicts where they differ. Every number is the judgement's; no word is typed per run."""
+    analyses' verdicts where they differ. Every number is the judgement's: none is typed by hand."""
     counting = rates is not None
     complete = claims.verdicts(complete_cases(judgement), rules).set_index("claim")["verdict"] if counting else None
     flipped = claims.verdicts(judgement, rules, outcome="outcome_signflip").set_index("claim")["verdict"]
@@ -471,7 +471,7 @@ def plain_markdown(
                 parts.append(f"{untested} endpoint{'s' * (untested > 1)} without two seeds of both arms")
             lost = "" if counting else "; ".join(dict.fromkeys(u for u in pair.unpaired if isinstance(u, str) and u))
             sentences.append(
-                f"{rules['metrics'][metric]['name']}, {first}{operator}{second} "
+                f"{rules['metrics'][metric]['name']}, {first}{operator}{second} in {pair.unit.iloc[0]} "
                 f"({'median' if counting else 'mean'} over seeds [{level} interval]"
                 + (f"; left out of the pairs: {lost}" if lost else "")
                 + f"): {'; '.join(parts)}."
