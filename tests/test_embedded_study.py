@@ -265,6 +265,15 @@ def test_provenance_refuses_dirty_trees_and_runs_of_other_code(tmp_path):
         study.StudyError, match=rf"{first[:12]}: its code differs from HEAD's in 1 file\(s\): horst/step.py"
     ):
         study.check_provenance([first, second], repo)
+    (repo / "configs" / "tuned" / "gpt2").mkdir(parents=True)
+    (repo / "configs" / "tuned" / "gpt2" / "pydoc.yaml").write_text("adamw: {lr: 1}\n")  # written by a stopped study
+    resume = study.picks_being_written([["horst-sparse", "tune", "gpt2", "horst"]])
+    study.check_clean(repo, allowed=resume)  # it tunes gpt2's next arm beside the picks it wrote
+    with pytest.raises(study.StudyError, match="uncommitted changes .*configs/tuned/"):
+        study.check_clean(repo, allowed=study.picks_being_written([]))  # tuned: its runs need them committed
+    with pytest.raises(study.StudyError, match="uncommitted changes .*configs/tuned/"):
+        study.check_clean(repo, allowed=study.picks_being_written([["horst-sparse", "tune", "vit", "ham"]]))
+    shutil.rmtree(repo / "configs")
     with pytest.raises(study.StudyError, match="-dirty: ran from a tree with uncommitted changes"):
         study.check_provenance([second + "-dirty"], repo)
     with pytest.raises(study.StudyError, match="0000000000: not a commit of this repository"):

@@ -36,13 +36,15 @@ def _git(*args: str, repo: Path = REPO) -> str:
 def uncommitted(repo: Path = REPO, allowed: Callable[[str], bool] = lambda path: False) -> list[str]:
     """The working tree's changes (`git status --porcelain` lines) but those in results/, a study's
     and a tuning's own output, and those whose path `allowed` allows."""
-    lines = _git("status", "--porcelain", "--", ".", ":(exclude)results", repo=repo).splitlines()
+    lines = _git(
+        "status", "--porcelain", "--untracked-files=all", "--", ".", ":(exclude)results", repo=repo
+    ).splitlines()
     return [line.strip() for line in lines if not allowed(line[3:].strip())]
 
 
-def check_clean(repo: Path = REPO) -> None:
-    """Refuse a tree with changes outside results/: every number must come from a commit."""
-    if changed := uncommitted(repo):
+def check_clean(repo: Path = REPO, allowed: Callable[[str], bool] = lambda path: False) -> None:
+    """Refuse a tree with changes outside results/ (and those `allowed`): every number must come from a commit."""
+    if changed := uncommitted(repo, allowed):
         raise StudyError(
             f"the working tree has uncommitted changes ({len(changed)} files, e.g. {changed[0]}): "
             "commit or stash them, so every run records a commit that holds its code"

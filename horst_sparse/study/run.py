@@ -9,7 +9,7 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -58,6 +58,14 @@ def run_tunings(lines: Sequence[list[str]]) -> None:
     )
 
 
+def picks_being_written(missing: Sequence[list[str]]) -> Callable[[str], bool]:
+    """The tuned files a study stopped between its tunings has written and not yet committed: those of
+    the pipelines with an arm still to tune. It resumes beside them (each tuning refuses its own arm's
+    section uncommitted), and no run starts before they are committed (run_tunings stops the study)."""
+    pipelines = {line[2] for line in missing}
+    return lambda path: any(path.startswith(f"configs/tuned/{pipeline}/") for pipeline in pipelines)
+
+
 def run_study(
     study: str,
     *,
@@ -88,10 +96,13 @@ def run_study(
     record = out / "runs.csv"
     earlier = read_record([record]) if record.is_file() else pd.DataFrame(columns=RECORD_COLUMNS)
     version = None if current is None else current.version
+    if not report_only:
+        missing = tunings(current, jobs, versions) if current is not None else []
+        check_clean(allowed=picks_being_written(missing))
     if current is not None and not report_only:
         mine = earlier[earlier["protocol"] == version] if "protocol" in earlier else earlier[:0]
         check_protocol(current, versions, mine, jobs)
-        if missing := tunings(current, jobs, versions):
+        if missing:
             run_tunings(missing)
         check_budgets(jobs, current.declared_edges)
     frame, folders = runs_of(every, record, version)
@@ -156,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                                                       # bit for bit or against its seeds' spread (study/check.py)
         horst-sparse study hydra/launcher=slurm       # extra overrides go to every multirun
 
-    Refuses a dirty tree, arms not tuned alike (the embedded study), new runs beside runs of
+    Refuses a dirty tree (but for the picks of a study stopped between its tunings), arms not tuned alike (the embedded study), new runs beside runs of
     other code, and finished runs whose config is not what the presets now compose (stale)."""
 
     from horst_sparse.cli import subcommand
@@ -186,8 +197,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         if args.check:
             sys.exit(check_results(study, extra=args.overrides, pipelines=args.pipeline))
-        if not args.report_only:
-            check_clean()
         reference = REPO / "results" / "demo"
         out = args.out or (REPO / "outputs" / "demo" if args.demo else None)  # the demo never touches its reference
         started = time.monotonic()
