@@ -6,12 +6,14 @@ gives the same table."""
 from __future__ import annotations
 
 import math
+import subprocess
 
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 
-from horst_sparse.analysis.tuning_curves import by_protocol, pick, pick_stability, rerun_trials
+from horst_sparse.analysis.tuning_curves import by_protocol, guarded, pick, pick_stability, rerun_trials
 
 
 def record(arm: str, seeds: dict[int, list[float]]) -> pd.DataFrame:
@@ -106,3 +108,38 @@ def test_a_record_splits_by_protocol_and_counts_its_reruns():
     assert rerun_trials(parts[1][1]) == 2 and rerun_trials(old) == 0
     assert pick(parts[0][1], maximize=True, top_k=0) == 1  # no stage in a mixed record: a search trial
     assert [v for v, _ in by_protocol(old)] == [None]
+
+
+def test_the_trials_the_guard_held_out_are_never_picked_in_the_pick_or_any_draw():
+    """v7's stability guard keeps a trial next to a failed one from the pick and never reruns it: its
+    one lucky search score would win an unguarded reading, and wins neither the pick nor a draw here."""
+    rows = record("horst_prunable", {0: [0.90], 1: [0.85, 0.84, 0.86], 2: [0.80, 0.81, 0.79], 3: [math.nan]})
+    assert pick_stability(rows, maximize=True, top_k=2, draws=200).pick.iloc[0] == 0
+    row = pick_stability(rows, maximize=True, top_k=2, draws=200, held_out={"horst_prunable": [3, 0]}).iloc[0]
+    assert row.pick == 1 and row.held_out == "0 3" and row.pick_score == pytest.approx(0.85)
+    assert pd.isna(row.runner_up) or row.runner_up == 2  # no draw picks trial 0
+
+
+def test_the_guards_trials_are_read_from_the_tuned_files_history(tmp_path):
+    """A later version's tuning replaces the arm's section; the trials v7's guard held out stay in git."""
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    tuned = tmp_path / "pydoc.yaml"
+
+    def section(version: int, unstable: dict | None) -> dict:
+        provenance = {"protocol": {"version": version}}
+        if unstable is not None:
+            provenance["stability"] = {"radius": 0.3, "unstable": unstable}
+        return {"lr": 1.0, "provenance": provenance}
+
+    for sections in (
+        {"adamw": section(6, None), "horst": section(6, None)},
+        {"adamw": section(7, {}), "horst": section(7, {3: "trial 4, 0.247 from it (radius 0.3), failed"})},
+        {"adamw": section(8, {}), "horst": section(8, {5: "trial 5 failed at seed 100"})},
+    ):
+        tuned.write_text(yaml.safe_dump(sections))
+        subprocess.run([*git, "add", tuned.name], check=True)
+        subprocess.run([*git, "commit", "-qm", "a version's picks"], check=True)
+    assert guarded(tuned, 7) == {"adamw": {}, "horst": {3: "trial 4, 0.247 from it (radius 0.3), failed"}}
+    assert guarded(tuned, 8) == {"adamw": {}, "horst": {5: "trial 5 failed at seed 100"}}
+    assert guarded(tuned, 6) == {}  # no guard ran: the plain rule

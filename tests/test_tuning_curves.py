@@ -10,6 +10,7 @@ import subprocess
 
 import numpy as np
 import pandas as pd
+import yaml
 from conftest import HORST_SPARSE
 
 from horst_sparse.analysis.tuning_curves import axis_range, curves, expected_best, order, verdict
@@ -118,7 +119,7 @@ def test_a_versioned_record_with_reruns_gets_curves_of_its_search_stage_per_prot
     table = pd.read_csv(tmp_path / "pick_stability.csv")
     assert table.columns.tolist() == [
         "protocol", "arm", "trials", "top_k", "seeds", "pick", "pick_score", "draws", "changed", "absent", "runner_up",
-        "runner_up_share",
+        "runner_up_share", "held_out",
     ]  # fmt: skip
     assert table[["protocol", "arm", "trials", "top_k", "seeds", "pick"]].values.tolist() == [
         [3, "adamw", 6, 2, 3, 3],
@@ -129,6 +130,24 @@ def test_a_versioned_record_with_reruns_gets_curves_of_its_search_stage_per_prot
     assert "- adamw's pick (trial 3) changes in " in stability and " of 300 bootstrap draws" in stability
     assert "The record's pick column marks trial 2, not this rule's pick." in stability
     assert stability.count("not this rule's pick") == 1
+    # a guard that held out horst's trial 2 (recorded in the tuned file, committed): horst's pick moves
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    tuned = tmp_path / "pydoc.yaml"
+    why = "trial 2 failed at seed 100"
+    tuned.write_text(
+        yaml.safe_dump({"horst": {"provenance": {"protocol": {"version": 3}, "stability": {"unstable": {2: why}}}}})
+    )
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "add", tuned.name], check=True)
+    subprocess.run([*git, "commit", "-qm", "picks"], check=True)
+    guarded = subprocess.run([*command, "--draws", "300", "--tuned", str(tuned)], capture_output=True, text=True)
+    assert guarded.returncode == 0, guarded.stderr
+    table = pd.read_csv(tmp_path / "pick_stability.csv")
+    assert table[["arm", "pick"]].values.tolist() == [["adamw", 3], ["horst", 1]] and table.held_out.tolist()[1] == 2
+    stability = (tmp_path / "pick_stability.md").read_text()
+    assert f"held out trial 2 ({why}), here too" in stability and "top 2 trials by search score that the" in stability
+    missing = subprocess.run([*command, "--tuned", str(tmp_path / "none.yaml")], capture_output=True, text=True)
+    assert missing.returncode == 1 and missing.stderr.startswith("error: no tuned file")
 
 
 def test_trials_a_later_version_ran_again_are_compared_and_copied_rows_are_not():

@@ -21,12 +21,15 @@ changes it. A record without these columns is one unnamed protocol, every row a 
 from __future__ import annotations
 
 import math
+import subprocess
 import textwrap
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import yaml
 
 from horst_sparse.analysis import tables
 
@@ -359,7 +362,7 @@ def stable_top(rows: pd.DataFrame, *, maximize: bool, top_k: int, stability: Sta
 
 
 def _bootstrap(
-    rows: pd.DataFrame, *, maximize: bool, top_k: int, draws: int, seed: int
+    rows: pd.DataFrame, *, maximize: bool, top_k: int, draws: int, seed: int, held_out: Collection[int] = ()
 ) -> tuple[np.ndarray, np.ndarray]:
     """Each bootstrap draw of one arm (see `pick_stability`): its picked trial and its trials."""
     ids, search, seeds, counts = _seeds(rows, maximize=maximize)
@@ -369,11 +372,18 @@ def _bootstrap(
     at = rng.integers(n[..., None], size=(*drawn.shape, seeds.shape[1]))  # each copy's seeds, with replacement
     kept = np.arange(seeds.shape[1]) < n[..., None]
     mean = np.where(kept, seeds[drawn[..., None], at], 0.0).sum(axis=2) / n
-    return _rule(ids[drawn], search[drawn], mean, top_k), ids[drawn]
+    out = np.isin(ids[drawn], list(held_out))  # never a candidate: the worst search score and mean
+    return _rule(ids[drawn], np.where(out, -math.inf, search[drawn]), np.where(out, -math.inf, mean), top_k), ids[drawn]
 
 
 def pick_stability(
-    rows: pd.DataFrame, *, maximize: bool, top_k: int, draws: int = DRAWS, seed: int = 0
+    rows: pd.DataFrame,
+    *,
+    maximize: bool,
+    top_k: int,
+    draws: int = DRAWS,
+    seed: int = 0,
+    held_out: Mapping[str, Collection[int]] | None = None,
 ) -> pd.DataFrame:
     """How often a bootstrap over trials and seeds changes each arm's pick.
 
@@ -391,13 +401,20 @@ def pick_stability(
     search seed included; the fewest if they differ; 1 without reruns), pick, pick_score (its
     mean over its seeds), draws, changed and absent (shares of draws: the pick changed; the pick
     not drawn), runner_up (the trial most often picked instead; the earlier on a tie; empty if
-    none) and runner_up_share (of all draws)."""
+    none) and runner_up_share (of all draws).
+
+    `held_out`: per arm, the trials the tuning's stability guard kept from its pick (`guarded`);
+    they are never candidates, in the pick and in every draw, as in the tuning (the guard held
+    fixed: a draw does not ask again which trials lie near a failed one). Listed in `held_out`."""
     table = []
     for arm in _arms(rows):
         part = rows[rows.arm == arm]
-        ids, _, seeds, counts = _seeds(part, maximize=maximize)
-        chosen = pick(part, maximize=maximize, top_k=top_k)
-        picked, drawn = _bootstrap(part, maximize=maximize, top_k=top_k, draws=draws, seed=seed)
+        out = sorted((held_out or {}).get(arm, ()))
+        ids, search, seeds, counts = _seeds(part, maximize=maximize)
+        excluded = np.isin(ids, out)
+        mean = np.where(excluded, -math.inf, seeds.sum(axis=1) / counts)
+        chosen = int(_rule(ids[None], np.where(excluded, -math.inf, search)[None], mean[None], top_k)[0])
+        picked, drawn = _bootstrap(part, maximize=maximize, top_k=top_k, draws=draws, seed=seed, held_out=out)
         other, times = np.unique(picked[picked != chosen], return_counts=True)
         at = int(np.flatnonzero(ids == chosen)[0])
         score = seeds[at, : counts[at]].mean() * (1 if maximize else -1)
@@ -414,6 +431,7 @@ def pick_stability(
                 "absent": float(np.mean(~(drawn == chosen).any(axis=1))),
                 "runner_up": int(other[times.argmax()]) if len(other) else pd.NA,
                 "runner_up_share": times.max() / draws if len(other) else 0.0,
+                "held_out": " ".join(map(str, out)),
             }
         )
     return pd.DataFrame(table).astype({"runner_up": "Int64"})
@@ -433,12 +451,49 @@ def recorded_picks(trials: pd.DataFrame) -> dict[str, int]:
     return {str(arm): int(trial) for arm, trial in marked.groupby("arm").trial.first().items()}
 
 
-def stability_markdown(table: pd.DataFrame, *, title: str, maximize: bool, recorded: dict[str, int]) -> str:
+def guarded(tuned: Path, version: int) -> dict[str, dict[int, str]]:
+    """Per arm, the trials protocol `version`'s stability guard kept from its pick, each with why,
+    as the tuned file recorded them beside that version's pick (provenance.stability): the file as
+    it stands, else the newest commit of it where the arm's pick is that version's (git, the
+    ledger: a later version's tuning replaces the section). An arm whose pick ran no guard is absent."""
+
+    def versions_of_the_file() -> Iterator[dict]:
+        yield yaml.safe_load(tuned.read_text()) or {}
+        git = ["git", "-C", str(tuned.parent)]
+        commits = subprocess.run([*git, "log", "--format=%H", "--", tuned.name], capture_output=True, text=True)
+        for commit in commits.stdout.split():
+            shown = subprocess.run([*git, "show", f"{commit}:./{tuned.name}"], capture_output=True, text=True)
+            if shown.returncode == 0:
+                yield yaml.safe_load(shown.stdout) or {}
+
+    found: dict[str, dict[int, str] | None] = {}
+    for sections in versions_of_the_file():
+        for arm, section in sections.items():
+            provenance = (section.get("provenance") if isinstance(section, dict) else None) or {}
+            if arm not in found and (provenance.get("protocol") or {}).get("version") == version:
+                stability = provenance.get("stability")
+                found[arm] = (
+                    None if stability is None else {int(t): w for t, w in (stability["unstable"] or {}).items()}
+                )
+    return {arm: trials for arm, trials in found.items() if trials is not None}
+
+
+def stability_markdown(
+    table: pd.DataFrame,
+    *,
+    title: str,
+    maximize: bool,
+    recorded: dict[str, int],
+    held_out: Mapping[str, Mapping[int, str]] | None = None,
+) -> str:
     """A section of pick_stability.md: the rule, one sentence per arm, the table. An arm whose
-    record marks another trial than the rule's pick says so: the record and this reading disagree."""
+    record marks another trial than the rule's pick says so: the record and this reading disagree.
+    `held_out` (`guarded`): the trials the tuning's stability guard kept from each arm's pick."""
     k = int(table.top_k.iloc[0])
+    guard = " the tuning's stability guard did not hold out" if held_out else ""
     rule = (
-        f"among the top {k} trials by search score, the one with the best mean over its seeds"
+        f"among the top {k} trials by search score{' that' + guard if guard else ''}, the one with the best mean "
+        "over its seeds"
         if k
         else "the trial with the best search score (no reruns)"
     )
@@ -459,6 +514,9 @@ def stability_markdown(table: pd.DataFrame, *, title: str, maximize: bool, recor
         )
         if not pd.isna(r.runner_up):
             sentence += f"; trial {r.runner_up} is picked most often instead ({_percent(r.runner_up_share)})"
+        if (out := (held_out or {}).get(r.arm)) is not None:
+            which = "; ".join(f"trial {t} ({why})" for t, why in sorted(out.items())) or "no trial"
+            sentence += f". The tuning's stability guard (the tuned file's provenance) held out {which}, here too"
         if recorded.get(r.arm, r.pick) != r.pick:
             sentence += f". The record's pick column marks trial {recorded[r.arm]}, not this rule's pick"
         lines.append(sentence + ".")
@@ -599,6 +657,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--log", action="store_true", help="a log-scale score axis (perplexity)")
     parser.add_argument("--draws", type=int, default=DRAWS, help=f"bootstrap draws of the pick (default {DRAWS})")
     parser.add_argument("--out", type=Path, help="the folder to write (default: the record's)")
+    parser.add_argument("--tuned", type=Path, metavar="FILE",
+                        help="the arms' tuned file (configs/tuned/<pipeline>/<recipe>.yaml): a version whose tuning "
+                             "ran a stability guard is read with the trials the guard held out, from the file's "
+                             "provenance and its git history")  # fmt: skip
     parser.add_argument("--inherit", action="append", default=[], metavar="V=U",
                         help="version V runs the picks of version U's tuning for the arms it does not tune itself: "
                              "also write V's curves of every arm as it ran them (tuning_curves_v<V>_as_run.*)")  # fmt: skip
@@ -611,6 +673,8 @@ def main(argv: list[str] | None = None) -> None:
         inherits.append((int(version), int(source)))
     if not args.record.is_file():
         sys.exit(f"error: no tuning record {args.record}: give a tuning.csv that horst-sparse tune wrote")
+    if args.tuned is not None and not args.tuned.is_file():
+        sys.exit(f"error: no tuned file {args.tuned}: give the file the tuning wrote its picks to, configs/tuned/...")
     trials = pd.read_csv(args.record)
     out = args.out or args.record.parent
     out.mkdir(parents=True, exist_ok=True)
@@ -634,13 +698,15 @@ def main(argv: list[str] | None = None) -> None:
                 log_y=args.log,
             )
         )
-        table = pick_stability(part, maximize=args.maximize, top_k=top_k, draws=args.draws)
+        held_out = guarded(args.tuned, version) if args.tuned is not None and version is not None else {}
+        table = pick_stability(part, maximize=args.maximize, top_k=top_k, draws=args.draws, held_out=held_out)
         sections.append(
             stability_markdown(
                 table,
                 title=f"Pick stability of {arms}{_protocol(version)} ({args.record})",
                 maximize=args.maximize,
                 recorded=recorded_picks(part),
+                held_out=held_out,
             )
         )
         stability.append(
