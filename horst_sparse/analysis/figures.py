@@ -355,7 +355,7 @@ def matched_figure(
         ax.set_ylabel(f"perplexity after {cells['method']} pruning to {pct(sparsity)} (log)")
         ax.set_title(f"{pct(sparsity)} sparsity", fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(ncols=2, **LEGEND)
+    axes[0][-1].legend(ncols=2, **LEGEND)  # one legend: every panel draws the same arms and marks
     words = (
         f"{reference}: every seed's curve, the matched endpoint's reference; other arms: their seeds' final "
         "models and their mean curve"
