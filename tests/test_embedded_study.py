@@ -183,6 +183,27 @@ def test_the_embedded_study_is_its_presets_and_tunes_what_its_budget_asks_for(em
     assert study.tunings(current, picked(done), versions) == []
 
 
+def test_a_cells_jobs_are_its_config_resolved_at_each_seed():
+    """study_jobs resolves a cell whole at two seeds and, at the others, only the keys in which
+    those two differ: every job is what resolving the config at its seed gives, and no two share
+    a dict that differs between them."""
+    from omegaconf import OmegaConf
+
+    from horst_sparse.study.jobs import _resolved
+
+    config = OmegaConf.create(
+        {"seed": 0, "data": {"seed": "${seed}", "name": "x"}, "tag": "run${seed}", "lr": 0.1, "hydra": {"a": 1}}
+    )
+    jobs = [dict(job) for job in _resolved(config, [4, 5, 6, 7])]
+    assert [(j["seed"], j["data"]["seed"], j["tag"]) for j in jobs] == [(s, s, f"run{s}") for s in (4, 5, 6, 7)]
+    assert all(
+        j == {"seed": s, "data": {"seed": s, "name": "x"}, "tag": f"run{s}", "lr": 0.1}
+        for j, s in zip(jobs, (4, 5, 6, 7))
+    )
+    assert jobs[2]["data"] is not jobs[0]["data"] and jobs[3]["data"] is not jobs[2]["data"]
+    assert list(_resolved(OmegaConf.create({"seed": 0, "hydra": {}}), [3])) == [{"seed": 3}]
+
+
 def test_a_study_whose_newest_version_names_no_presets_is_refused(monkeypatch):
     """A version recorded after the fact (v1: the commit of its runs, no presets) cannot be run."""
     from horst_sparse.study import protocol

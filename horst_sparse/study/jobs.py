@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,7 +106,6 @@ def study_jobs(presets: Sequence[str], extra: Sequence[str] = (), *, configs: Pa
     """Every job of the presets (configs/study/), composed from `configs`. A job's seed is not in
     its signature, so each cell is composed once and its seeds set on the composed config."""
     from hydra.core.hydra_config import HydraConfig
-    from omegaconf import OmegaConf, open_dict
 
     jobs = []
     for preset in presets:
@@ -123,17 +122,58 @@ def study_jobs(presets: Sequence[str], extra: Sequence[str] = (), *, configs: Pa
                 config = compose_in_context(pipeline, [f"+study={preset}", *overrides, *rest])
                 HydraConfig.instance().set_config(config)
                 recipe, sweep = config.hydra.runtime.choices[pipeline.recipe_group], config.hydra.sweep
-                for seed in seeds:
-                    with open_dict(config):
-                        config.seed = seed
-                    run, folder = str(Path(sweep.dir) / str(sweep.subdir)), str(sweep.dir)
-                    job = OmegaConf.to_container(config, resolve=True)
-                    del job["hydra"]
+                for seed, job in zip(seeds, _resolved(config, seeds)):
+                    run, folder = str(Path(sweep.dir) / str(sweep.subdir)), str(sweep.dir)  # at `seed`
                     jobs.append(
                         Job(pipeline.name, preset, overrides, seed, run, folder, signature_hash(job), job, recipe)
                     )
         HydraConfig.instance().cfg = None  # set only to resolve the sweep folder: no job of this process runs
     return jobs
+
+
+def _resolved(config: Any, seeds: Sequence[int]) -> Iterator[dict]:
+    """The cell's job (its resolved config, the hydra node aside) at each seed, yielded with
+    `config.seed` set to it. Resolving is the slow part (OmegaConf parses every interpolation): the
+    first two seeds are resolved whole, and at every other seed only the keys in which those two
+    differ are resolved again (the seed, and whatever interpolates it). The jobs share the rest:
+    a job's config is read, never written."""
+    from omegaconf import Container, OmegaConf, open_dict
+
+    def whole(seed: int) -> dict:
+        with open_dict(config):
+            config.seed = seed
+        job = OmegaConf.to_container(config, resolve=True)
+        del job["hydra"]
+        return job
+
+    first = whole(seeds[0])
+    yield first
+    if len(seeds) == 1:
+        return
+    second = whole(seeds[1])
+    varying = _differing(first, second)
+    yield second
+    for seed in seeds[2:]:
+        with open_dict(config):
+            config.seed = seed
+        job = dict(first)  # the first seed's dicts, copied only along the paths that differ
+        for path in varying:
+            node, parent = config, job
+            for key in path:
+                node = node[key]
+            for key in path[:-1]:
+                parent[key] = dict(parent[key])
+                parent = parent[key]
+            parent[path[-1]] = OmegaConf.to_container(node, resolve=True) if isinstance(node, Container) else node
+        yield job
+
+
+def _differing(a: Any, b: Any, path: tuple = ()) -> list[tuple]:
+    """The paths (keys from the root) at which two resolved configs differ, as deep as both are
+    mappings with the same keys."""
+    if isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
+        return [p for key in a for p in _differing(a[key], b[key], (*path, key))]
+    return [] if a == b else [path]
 
 
 def runs_of(jobs: Sequence[Job], record: Path, version: int | None = None) -> tuple[pd.DataFrame, dict[str, Path]]:
