@@ -372,8 +372,13 @@ def _bootstrap(
     at = rng.integers(n[..., None], size=(*drawn.shape, seeds.shape[1]))  # each copy's seeds, with replacement
     kept = np.arange(seeds.shape[1]) < n[..., None]
     mean = np.where(kept, seeds[drawn[..., None], at], 0.0).sum(axis=2) / n
-    out = np.isin(ids[drawn], list(held_out))  # never a candidate: the worst search score and mean
-    return _rule(ids[drawn], np.where(out, -math.inf, search[drawn]), np.where(out, -math.inf, mean), top_k), ids[drawn]
+    return _rule_without(held_out, ids[drawn], search[drawn], mean, top_k), ids[drawn]
+
+
+def _rule_without(held_out: Collection[int], ids: np.ndarray, search: np.ndarray, mean: np.ndarray, top_k: int):
+    """`_rule` with the `held_out` trials never a candidate: the worst search score and mean."""
+    out = np.isin(ids, list(held_out))
+    return _rule(ids, np.where(out, -math.inf, search), np.where(out, -math.inf, mean), top_k)
 
 
 def pick_stability(
@@ -411,9 +416,7 @@ def pick_stability(
         part = rows[rows.arm == arm]
         out = sorted((held_out or {}).get(arm, ()))
         ids, search, seeds, counts = _seeds(part, maximize=maximize)
-        excluded = np.isin(ids, out)
-        mean = np.where(excluded, -math.inf, seeds.sum(axis=1) / counts)
-        chosen = int(_rule(ids[None], np.where(excluded, -math.inf, search)[None], mean[None], top_k)[0])
+        chosen = int(_rule_without(out, ids[None], search[None], (seeds.sum(axis=1) / counts)[None], top_k)[0])
         picked, drawn = _bootstrap(part, maximize=maximize, top_k=top_k, draws=draws, seed=seed, held_out=out)
         other, times = np.unique(picked[picked != chosen], return_counts=True)
         at = int(np.flatnonzero(ids == chosen)[0])
@@ -490,10 +493,9 @@ def stability_markdown(
     record marks another trial than the rule's pick says so: the record and this reading disagree.
     `held_out` (`guarded`): the trials the tuning's stability guard kept from each arm's pick."""
     k = int(table.top_k.iloc[0])
-    guard = " the tuning's stability guard did not hold out" if held_out else ""
+    guard = " that the tuning's stability guard did not hold out" if held_out else ""
     rule = (
-        f"among the top {k} trials by search score{' that' + guard if guard else ''}, the one with the best mean "
-        "over its seeds"
+        f"among the top {k} trials by search score{guard}, the one with the best mean over its seeds"
         if k
         else "the trial with the best search score (no reruns)"
     )
