@@ -138,6 +138,21 @@ def test_the_report_draws_the_curves_where_the_rules_ask(tmp_path):
     assert not (tmp_path / "pruned_vs_dense.png").exists()  # rules without the endpoint: no figure
 
 
+def test_an_endpoint_with_every_seed_outside_the_curve_says_so_wherever_it_is_reported(tmp_path):
+    """HORST's every final model denser-better than AdamW ever got: its matched endpoints are not
+    testable, and claims.md, the headline and the plain reading say why, not "no runs of both"."""
+    rules = matched_rules()
+    rules["claims"][0]["endpoints"].append({"metric": "ppl", "first": "horst", "second": "adamw", "at": [0.9]})
+    text = report.write_report(
+        study({0.5: -0.1, 0.9: -0.3}, outside=tuple(range(6))), tmp_path, rules=rules, split="test"
+    )
+    assert "- horst / adamw at 90 %, matched dense perplexity: 6 of 6 horst seeds not comparable" in text
+    assert "no runs of both" not in text
+    why = "2 endpoints not testable (6 of 6 horst seeds not comparable, their dense perplexity outside adamw's curve)"
+    assert f"horst / adamw: {why}" in (tmp_path / "headline.md").read_text()
+    assert why in (tmp_path / "plain.md").read_text()
+
+
 def test_protocol_v7s_rules_judge_claim_2_at_matched_dense_quality_counting_divergence():
     """protocols/embedded/claims_v7.yaml: claim 2's primary endpoints are matched, tested by the
     signed-rank test with divergence counted; claim 1's change endpoint is fixed at 90 %."""

@@ -204,7 +204,7 @@ def claims_markdown(
         lines.append(f'{claim.claim}. **{claim.verdict}**: "{claim.text}"')
         for row in judgement[judgement.claim == claim.claim].itertuples():
             if row.n == 0:
-                lines.append(f"   - {row.endpoint}: no runs of both: {row.outcome}")
+                lines.append(f"   - {row.endpoint}: {not_comparable(row) or 'no runs of both'}: {row.outcome}")
                 continue
             lost = f" ({row.unpaired}, not in the pairs)" if row.unpaired and not counting else ""
             lost += f" ({outside}, not in the pairs)" if (outside := not_comparable(row)) else ""
@@ -254,6 +254,18 @@ def not_comparable(row: Any) -> str:
     """A matched endpoint's seeds outside the reference's curve, in words; '' for any other endpoint."""
     words = getattr(row, "not_comparable", "")
     return words if isinstance(words, str) else ""
+
+
+def untestable(rows: pd.DataFrame) -> str:
+    """`rows`' endpoints that are not testable, counted by why: their matched seeds outside the
+    reference's curve (without the seeds, which claims.md names) or too few seeds of both arms;
+    '' where every endpoint was tested."""
+    why = [
+        not_comparable(r).split(":")[0] or "without two seeds of both arms"
+        for r in rows[rows.outcome == claims.NOT_TESTABLE].itertuples()
+    ]
+    counts = {reason: why.count(reason) for reason in dict.fromkeys(why)}
+    return "; ".join(f"{n} endpoint{'s' * (n > 1)} not testable ({reason})" for reason, n in counts.items())
 
 
 def excluded(row: Any, rules: dict[str, Any]) -> str:
@@ -416,8 +428,14 @@ def headline_markdown(
         return f"{r.endpoint} {tables.estimate_text(r)} ({'; '.join([r.outcome, *notes])})"
 
     for claim in verdicts.itertuples():
-        tested = judgement[(judgement.claim == claim.claim) & (judgement.outcome != claims.NOT_TESTABLE)]
-        numbers = "; ".join(shown(r) for r in tested.itertuples())
+        rows = judgement[judgement.claim == claim.claim]
+        tested = rows[rows.outcome != claims.NOT_TESTABLE]
+        untested = [  # a claim with no tested endpoint says so in its verdict
+            f"{first}{' / ' if pair.ratio.iloc[0] else ' − '}{second}: {words}"
+            for (first, second), pair in rows.groupby(["first", "second"], sort=False)
+            if claim.verdict != claims.NOT_TESTED and (words := untestable(pair))
+        ]
+        numbers = "; ".join([*(shown(r) for r in tested.itertuples()), *untested])
         lost = (
             "" if counting else "; ".join(dict.fromkeys(part for u in tested.unpaired if u for part in u.split("; ")))
         )
@@ -467,8 +485,8 @@ def plain_markdown(
                     where.append(f"{at} ({tables.estimate_text(r)}{'; ' + notes if notes else ''})")
                 if where:
                     parts.append(f"{words} {', '.join(where)}")
-            if untested := int((pair.outcome == claims.NOT_TESTABLE).sum()):
-                parts.append(f"{untested} endpoint{'s' * (untested > 1)} without two seeds of both arms")
+            if untested := untestable(pair):
+                parts.append(untested)
             lost = "" if counting else "; ".join(dict.fromkeys(u for u in pair.unpaired if isinstance(u, str) and u))
             sentences.append(
                 f"{rules['metrics'][metric]['name']}, {first}{operator}{second} in {pair.unit.iloc[0]} "
