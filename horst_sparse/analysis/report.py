@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -264,8 +265,7 @@ def untestable(rows: pd.DataFrame) -> str:
         not_comparable(r).split(":")[0] or "without two seeds of both arms"
         for r in rows[rows.outcome == claims.NOT_TESTABLE].itertuples()
     ]
-    counts = {reason: why.count(reason) for reason in dict.fromkeys(why)}
-    return "; ".join(f"{n} endpoint{'s' * (n > 1)} not testable ({reason})" for reason, n in counts.items())
+    return "; ".join(f"{n} endpoint{'s' * (n > 1)} not testable ({reason})" for reason, n in Counter(why).items())
 
 
 def excluded(row: Any, rules: dict[str, Any]) -> str:
